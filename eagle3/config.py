@@ -1,0 +1,215 @@
+"""The one config tree. The CLI reads it from YAML, Prefect renders it as the deployment form,
+and every run records it in run.json. Unknown keys are errors (extra="forbid")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
+STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(StrictModel):
+    """Input conversations and how they become token ids."""
+
+    dataset: str = Field(
+        "data/demo_prompts.jsonl",
+        description="Local JSONL or Parquet file, or a directory saved with datasets.save_to_disk. "
+        "Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
+    )
+    split: str = Field("train", description="Split to read when `dataset` is a saved DatasetDict.")
+    format: Literal["auto", "sharegpt", "openai"] = Field(
+        "auto", description="Row schema; `auto` detects it per row."
+    )
+    max_length: int = Field(2048, gt=8, le=1_048_576, description="Longest sample in tokens.")
+    truncate: bool = Field(
+        False, description="Cut samples longer than max_length instead of reporting them as bad rows."
+    )
+    max_samples: int | None = Field(None, gt=0, description="Use at most this many rows (None: all).")
+    shard_size: int = Field(2000, gt=0, le=1_000_000, description="Samples per shard.")
+    on_bad_row: Literal["skip", "fail"] = Field(
+        "skip", description="`skip` reports bad rows (file, row, reason) and goes on; `fail` stops the stage."
+    )
+
+
+class SynthesizeConfig(StrictModel):
+    """Regenerate assistant turns with the target model (the case study trained on such data)."""
+
+    max_new_tokens: int = Field(256, gt=0, le=32768, description="Longest generated assistant turn.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling cut-off when temperature > 0.")
+    batch_size: int = Field(8, gt=0, le=1024, description="Prompts generated together.")
+    seed: int = Field(0, description="Sampling seed (temperature > 0).")
+
+
+class ServerConfig(StrictModel):
+    """The engine that runs the target model for synthesis and extraction."""
+
+    engine: Literal["transformers", "sglang"] = Field(
+        "transformers",
+        description="`transformers`: in-process (reference, CPU demo). `sglang`: a server with the hidden-state hook.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="`auto` = cuda when available.")
+    dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Model and store dtype.")
+    batch_tokens: int = Field(
+        8192, gt=0, description="transformers engine: tokens per forward batch (samples are grouped by length)."
+    )
+    python: str = Field(
+        ".venv-sglang/bin/python",
+        description="sglang engine: interpreter of the SGLang environment (built by deploy/sglang_env.sh).",
+    )
+    url: str | None = Field(None, description="sglang engine: attach to this running server instead of launching.")
+    host: str = Field("127.0.0.1", description="Bind address of a launched server.")
+    port: int = Field(30000, gt=0, lt=65536, description="Port of a launched server.")
+    tp: int = Field(1, gt=0, le=64, description="Tensor-parallel size.")
+    mem_fraction: float | None = Field(None, gt=0.0, le=1.0, description="SGLang --mem-fraction-static.")
+    max_total_tokens: int | None = Field(
+        None, gt=0, description="SGLang --max-total-tokens (bound the KV cache; needed on CPU)."
+    )
+    chunked_prefill_size: int | None = Field(None, description="SGLang --chunked-prefill-size.")
+    extra_args: list[str] = Field(default_factory=list, description="Passed through to sglang.launch_server.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server (NCCL_*, CUDA_*).")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for /health.")
+    max_restarts: int = Field(2, ge=0, le=100, description="Restarts after a crash during extraction.")
+
+
+class ExtractConfig(StrictModel):
+    """Which hidden states to capture and how requests flow."""
+
+    aux_layers: list[int] | None = Field(
+        None,
+        description="HF hidden_states indices (0 = embeddings, i = input of decoder layer i). "
+        "None: EAGLE-3's default [2, N//2, N-3].",
+    )
+    shards: list[int] | None = Field(None, description="Extract only these shard indices (None: all).")
+    window: int = Field(1, gt=0, le=256, description="sglang engine: requests in flight (1 = synchronous).")
+    request_timeout_s: float = Field(600.0, gt=0, description="sglang engine: per-request timeout.")
+    request_retries: int = Field(3, ge=0, le=20, description="sglang engine: retries per request.")
+    dump_dir: str | None = Field(
+        None, description="sglang engine: where the server writes dumps (None: <run_dir>/dump, same filesystem)."
+    )
+    shard_retries: int = Field(2, ge=0, le=20, description="Prefect retries of a failed shard task.")
+
+
+class DiskConfig(StrictModel):
+    """Free-space guard for the store and the dump directory."""
+
+    reserve_fraction: float = Field(0.10, ge=0.0, lt=1.0, description="Keep this share of the filesystem free.")
+    reserve_min_gb: float = Field(5.0, ge=0.0, description="...and at least this many GB.")
+    budget_gb: float | None = Field(None, gt=0, description="Cap the store at this size (None: no cap).")
+
+
+class TrainConfig(StrictModel):
+    """EAGLE-3 draft training (training-time test)."""
+
+    nproc: int = Field(1, gt=0, le=1024, description="torchrun processes per node.")
+    epochs: float = Field(1.0, gt=0, description="Passes over the store.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
+    batch_tokens: int = Field(4096, gt=0, description="Tokens per micro-batch per process.")
+    lr: float = Field(1e-4, gt=0, description="Peak AdamW learning rate.")
+    warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
+    grad_clip: float = Field(0.5, gt=0, description="Max global grad norm.")
+    ttt_steps: int = Field(7, gt=0, le=16, description="Training-time-test unroll length.")
+    ttt_decay: float = Field(0.8, gt=0, le=1.0, description="Loss weight of step i is decay**i.")
+    draft_vocab_size: int = Field(32000, gt=0, description="Draft vocabulary (capped at the target's).")
+    checkpoint_every: int = Field(200, gt=0, description="Steps between atomic checkpoints.")
+    log_every: int = Field(10, gt=0, description="Steps between metric reports.")
+    seed: int = Field(0, description="Data order and init seed.")
+
+
+class EvaluateConfig(StrictModel):
+    """Acceptance and speed of the draft against the plain target."""
+
+    num_prompts: int = Field(20, gt=0, description="Held-out prompts to evaluate on.")
+    draft_steps: int = Field(3, gt=0, le=16, description="Chain length k of drafted tokens.")
+    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
+
+
+class PipelineConfig(StrictModel):
+    """prepare -> [synthesize] -> extract -> convert -> train -> export -> evaluate."""
+
+    run_dir: str = Field("data/runs/demo", description="Output directory of this run (the store).")
+    model: str = Field(
+        "demo", description="Target model: a Hugging Face model directory, or `demo` for the bundled SmolLM2-135M."
+    )
+    data_dir: str = Field("data", description="Where the demo model and caches are installed.")
+    stages: list[Stage] = Field(
+        default_factory=lambda: ["prepare", "synthesize", "extract"], description="Stages to run, in pipeline order."
+    )
+    data: DataConfig = Field(default_factory=DataConfig)  # type: ignore[arg-type]
+    synthesize: SynthesizeConfig = Field(default_factory=SynthesizeConfig)  # type: ignore[arg-type]
+    server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]
+    extract: ExtractConfig = Field(default_factory=ExtractConfig)  # type: ignore[arg-type]
+    disk: DiskConfig = Field(default_factory=DiskConfig)  # type: ignore[arg-type]
+    train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _check(self) -> PipelineConfig:
+        order = {s: i for i, s in enumerate(STAGES)}
+        if [order[s] for s in self.stages] != sorted(order[s] for s in set(self.stages)):
+            raise ValueError(f"stages must be unique and in pipeline order {list(STAGES)}; got {self.stages}")
+        return self
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the file and the keys."""
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<root>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key (check the spelling; see docs/formats.md for the config reference)")
+        else:
+            lines.append(f"  {key}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {p!r} is not a section")
+    node[leaf] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
+    """Read YAML (or the defaults when path is None), apply `key.sub=value` overrides, validate."""
+    raw: dict[str, Any] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
+        raw = loaded or {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, value = item.split("=", 1)
+        _set_dotted(raw, key.strip(), yaml.safe_load(value))
+    try:
+        return PipelineConfig.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(f"invalid config {source}:\n{_format_errors(e)}") from None
+
+
+def config_to_yaml(cfg: PipelineConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,98 @@
+"""Crash-safe file writes and safe file names.
+
+Every file the pipeline writes goes through here: temporary name in the same directory, fsync,
+rename, fsync the directory. A file that exists under its final name is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]")
+MAX_NAME = 160
+
+
+def safe_name(raw: str) -> str:
+    """Turn an id (sample id, request id) into a file-name component that cannot leave its directory.
+
+    Keeps [A-Za-z0-9._-], replaces anything else with '_', refuses names that are empty or only dots.
+    """
+    name = _SAFE.sub("_", raw)[:MAX_NAME]
+    if not name.strip("."):
+        raise ValueError(f"id {raw!r} cannot be used as a file name (empty or dots only after sanitising)")
+    return name
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
+    """Write data to path so that path is either absent, the old content, or all of data."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def move_into(src: Path, dst: Path) -> None:
+    """Move a finished file into place: rename on one filesystem, else copy + fsync + rename."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(src, dst)
+    except OSError as e:
+        if e.errno != 18:  # EXDEV: different filesystems
+            raise
+        fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+                shutil.copyfileobj(inp, out, 16 << 20)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, dst)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        src.unlink()
+    fsync_dir(dst.parent)
+
+
+def remove_stale_temps(directory: Path) -> int:
+    """Delete temporary files left by a killed writer (names start with '.' and end with '.tmp')."""
+    n = 0
+    if directory.is_dir():
+        for p in directory.glob(".*.tmp"):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n

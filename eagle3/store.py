@@ -1,0 +1,243 @@
+"""The run directory: run.json, prepared data, shards of sample files and their manifests.
+
+    <run_dir>/run.json                               RunInfo
+    <run_dir>/prepared/manifest.json                 PreparedManifest
+    <run_dir>/prepared/shard-00000.arrow             Arrow IPC: sample_id, input_ids, loss_mask, num_tokens, source
+    <run_dir>/shards/shard-00000/manifest.json       ShardManifest
+    <run_dir>/shards/shard-00000/<sample_id>.safetensors
+
+Truth about what is done is the sample files themselves (each written atomically); manifests are
+summaries rebuilt from them, so a killed run loses nothing it had finished.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json, safe_name
+from eagle3.sample_format import SampleFormatError, SampleTensors, check_header, read_sample, verify_sample
+
+ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunInfo(Record):
+    """run.json: what produced this store. Resume refuses a store whose RunInfo disagrees."""
+
+    format: str = "eagle3-store/1"
+    model_path: str
+    model_sha256: str
+    tokenizer_sha256: str
+    engine: str
+    engine_version: str
+    dtype: str
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    aux_layers: list[int] = Field(description="HF hidden_states indices")
+    engine_layer_ids: list[int] = Field(description="the same layers in the engine's own convention")
+    engine_layer_convention: str
+    dataset_fingerprint: str
+    versions: dict[str, str]
+    config: dict
+    created_at: str = Field(default_factory=now)
+
+
+class SampleEntry(Record):
+    num_tokens: int
+    num_bytes: int
+    crc32: str
+
+
+class ShardManifest(Record):
+    shard: int
+    status: ShardStatus = "pending"
+    expected: int = Field(description="samples in the prepared shard")
+    samples: dict[str, SampleEntry] = Field(default_factory=dict)
+    errors: dict[str, str] = Field(default_factory=dict, description="sample id -> reason")
+    tokens: int = 0
+    bytes: int = 0
+    log: str | None = None
+    updated_at: str = Field(default_factory=now)
+
+
+class BadRow(Record):
+    file: str
+    row: int
+    reason: str
+
+
+class PreparedManifest(Record):
+    dataset: str
+    dataset_fingerprint: str
+    tokenizer_sha256: str
+    num_samples: int
+    num_tokens: int
+    num_loss_tokens: int
+    shards: list[int] = Field(description="samples per shard")
+    shard_tokens: list[int]
+    bad_rows: list[BadRow] = Field(default_factory=list)
+    duplicates: int = 0
+    config: dict
+    created_at: str = Field(default_factory=now)
+
+
+PREPARED_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.uint8())),
+        ("num_tokens", pa.int32()),
+        ("source", pa.string()),
+    ]
+)
+
+
+class RunStore:
+    """Paths and typed access to one run directory."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    # paths -------------------------------------------------------------------------------
+    @property
+    def run_json(self) -> Path:
+        return self.root / "run.json"
+
+    @property
+    def prepared_dir(self) -> Path:
+        return self.root / "prepared"
+
+    def prepared_shard_path(self, shard: int) -> Path:
+        return self.prepared_dir / f"shard-{shard:05d}.arrow"
+
+    def shard_dir(self, shard: int) -> Path:
+        return self.root / "shards" / f"shard-{shard:05d}"
+
+    def manifest_path(self, shard: int) -> Path:
+        return self.shard_dir(shard) / "manifest.json"
+
+    def sample_path(self, shard: int, sample_id: str) -> Path:
+        return self.shard_dir(shard) / f"{safe_name(sample_id)}.safetensors"
+
+    # run.json ----------------------------------------------------------------------------
+    def read_run_info(self) -> RunInfo | None:
+        return RunInfo.model_validate(read_json(self.run_json)) if self.run_json.exists() else None
+
+    def write_run_info(self, info: RunInfo) -> None:
+        atomic_write_json(self.run_json, info.model_dump(mode="json"))
+
+    # prepared data -----------------------------------------------------------------------
+    def read_prepared_manifest(self) -> PreparedManifest | None:
+        p = self.prepared_dir / "manifest.json"
+        return PreparedManifest.model_validate(read_json(p)) if p.exists() else None
+
+    def write_prepared_manifest(self, m: PreparedManifest) -> None:
+        atomic_write_json(self.prepared_dir / "manifest.json", m.model_dump(mode="json"))
+
+    def write_prepared_shard(self, shard: int, table: pa.Table) -> None:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        atomic_write_bytes(self.prepared_shard_path(shard), sink.getvalue().to_pybytes())
+
+    def read_prepared_shard(self, shard: int) -> pa.Table:
+        path = self.prepared_shard_path(shard)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: prepared shard missing; run the prepare stage first")
+        with pa.memory_map(str(path)) as src:
+            return pa.ipc.open_file(src).read_all()
+
+    def prepared_samples(self, shard: int) -> list[PreparedSample]:
+        t = self.read_prepared_shard(shard).to_pydict()
+        return [
+            PreparedSample(sid, ids, mask, src)
+            for sid, ids, mask, src in zip(t["sample_id"], t["input_ids"], t["loss_mask"], t["source"], strict=True)
+        ]
+
+    # shards ------------------------------------------------------------------------------
+    def num_shards(self) -> int:
+        m = self.read_prepared_manifest()
+        return len(m.shards) if m else 0
+
+    def read_manifest(self, shard: int) -> ShardManifest | None:
+        p = self.manifest_path(shard)
+        return ShardManifest.model_validate(read_json(p)) if p.exists() else None
+
+    def write_manifest(self, m: ShardManifest) -> None:
+        m.updated_at = now()
+        m.tokens = sum(e.num_tokens for e in m.samples.values())
+        m.bytes = sum(e.num_bytes for e in m.samples.values())
+        atomic_write_json(self.manifest_path(m.shard), m.model_dump(mode="json"))
+
+    def manifests(self) -> Iterator[ShardManifest]:
+        for i in range(self.num_shards()):
+            yield self.read_manifest(i) or ShardManifest(shard=i, expected=self.read_prepared_manifest().shards[i])  # type: ignore[union-attr]
+
+    # samples -----------------------------------------------------------------------------
+    def existing_ok(self, shard: int, sample: PreparedSample, info: RunInfo) -> int | None:
+        """Token count of an already-written sample whose header matches, else None (redo it)."""
+        path = self.sample_path(shard, sample.sample_id)
+        if not path.exists():
+            return None
+        try:
+            return check_header(
+                path,
+                num_tokens=len(sample.input_ids),
+                num_aux=len(info.aux_layers),
+                hidden_size=info.hidden_size,
+                dtype=DTYPES[info.dtype],
+            )
+        except SampleFormatError:
+            return None
+
+    def verify(self, shard: int, sample: PreparedSample, info: RunInfo, crc32: str | None) -> SampleEntry:
+        rec = verify_sample(
+            self.sample_path(shard, sample.sample_id),
+            num_tokens=len(sample.input_ids),
+            num_aux=len(info.aux_layers),
+            hidden_size=info.hidden_size,
+            dtype=DTYPES[info.dtype],
+            crc32=crc32,
+            input_ids=torch.tensor(sample.input_ids),
+        )
+        return SampleEntry(num_tokens=rec.num_tokens, num_bytes=rec.num_bytes, crc32=rec.crc32)
+
+    def open_sample(self, shard: int, sample_id: str) -> SampleTensors:
+        return read_sample(self.sample_path(shard, sample_id))
+
+    def iter_samples(self) -> Iterator[tuple[int, str, Path]]:
+        """(shard, sample_id, path) of every sample recorded in a manifest, in shard order."""
+        for m in self.manifests():
+            for sid in m.samples:
+                yield m.shard, sid, self.sample_path(m.shard, sid)
+
+
+class PreparedSample:
+    """One tokenized conversation ready for extraction."""
+
+    __slots__ = ("sample_id", "input_ids", "loss_mask", "source")
+
+    def __init__(self, sample_id: str, input_ids: list[int], loss_mask: list[int], source: str):
+        self.sample_id = sample_id
+        self.input_ids = input_ids
+        self.loss_mask = loss_mask
+        self.source = source
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
