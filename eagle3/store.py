@@ -2,7 +2,7 @@
 
     <run_dir>/run.json                               RunInfo
     <run_dir>/prepared/manifest.json                 PreparedManifest
-    <run_dir>/prepared/shard-00000.arrow             Arrow IPC: sample_id, input_ids, loss_mask, num_tokens, source
+    <run_dir>/prepared/shard-00000.arrow             Arrow IPC, PREPARED_SCHEMA
     <run_dir>/shards/shard-00000/manifest.json       ShardManifest
     <run_dir>/shards/shard-00000/<sample_id>.safetensors
 
@@ -103,7 +103,8 @@ PREPARED_SCHEMA = pa.schema(
         ("input_ids", pa.list_(pa.int32())),
         ("loss_mask", pa.list_(pa.uint8())),
         ("num_tokens", pa.int32()),
-        ("source", pa.string()),
+        ("source", pa.string()),  # "<file>:<row>" of the input row
+        ("messages", pa.string()),  # the normalized conversation as JSON [{"role", "content"}]
     ]
 )
 

