@@ -113,7 +113,7 @@ def test_unusable_rows_raise_a_row_error_with_the_reason(row: dict[str, Any], re
 
 def test_forced_format_requires_its_field() -> None:
     row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
-    with pytest.raises(RowError, match="data.format=sharegpt needs a `conversations` field"):
+    with pytest.raises(RowError, match=r"data\.format=sharegpt needs a `conversations` field"):
         normalize_row(row, "sharegpt")
 
 
