@@ -1,0 +1,196 @@
+"""Prefect artifacts for the pipeline: progress with an ETA (updated in place, throttled), the shard
+table and the run summary. Keys are derived from the run directory's name, so the UI's Artifacts page
+keeps one history per run directory across flow runs.
+
+Artifact writes are API calls: progress is throttled to one write every `min_interval_s` (2 s), and a
+failed write is logged once and never fails the task that reports.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any, cast
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+from pydantic import BaseModel
+
+from eagle3.progress import Progress
+
+_KEY_JUNK = re.compile(r"[^a-z0-9]+")
+BAR_WIDTH = 24
+
+
+def artifact_key(*parts: str) -> str:
+    """Join parts into a Prefect artifact key: lowercase letters, digits and single dashes."""
+    key = "-".join(_KEY_JUNK.sub("-", p.lower()).strip("-") for p in parts)
+    key = re.sub("-+", "-", key).strip("-")
+    if not key:
+        raise ValueError(f"cannot build an artifact key from {parts!r}")
+    return key
+
+
+def run_key(run_dir: str | Path, what: str) -> str:
+    """Stable key for one artifact of one run directory, e.g. `demo-extract-progress`."""
+    name = Path(run_dir).resolve().name or "run"
+    return artifact_key(name, what)
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = max(0, round(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 120:
+        return f"{minutes}m{s:02d}s"
+    h, m = divmod(minutes, 60)
+    return f"{h}h{m:02d}m"
+
+
+def describe(done: int, total: int, unit: str, tokens_per_s: float, eta_s: float | None, extra: str = "") -> str:
+    """The one-line progress text: `N/M samples, X tok/s, ETA Ys`."""
+    text = f"{done}/{total} {unit}, {tokens_per_s:.0f} tok/s, ETA {format_eta(eta_s)}"
+    return f"{text}, {extra}" if extra else text
+
+
+def text_bar(fraction: float) -> str:
+    filled = min(BAR_WIDTH, max(0, round(fraction * BAR_WIDTH)))
+    return "[" + "#" * filled + "-" * (BAR_WIDTH - filled) + f"] {100 * fraction:5.1f}%"
+
+
+class ProgressArtifact:
+    """One Prefect progress artifact (0-100), created on first use and then updated in place."""
+
+    def __init__(
+        self,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        *,
+        key: str | None = None,
+        artifact_id: UUID | str | None = None,
+        min_interval_s: float = 2.0,
+    ):
+        self.logger = logger
+        self.key = key
+        self.artifact_id: UUID | None = UUID(str(artifact_id)) if artifact_id else None
+        self.min_interval_s = min_interval_s
+        self._last = float("-inf")
+        self._broken = False
+
+    def create(self, percent: float, description: str) -> UUID | None:
+        """Create the artifact now (if not yet created) and return its id."""
+        if self.artifact_id is None:
+            self._write(percent, description)
+        return self.artifact_id
+
+    def update(self, percent: float, description: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        self._write(percent, description)
+
+    def _write(self, percent: float, description: str) -> None:
+        if self._broken:
+            return
+        percent = min(100.0, max(0.0, percent))
+        try:
+            if self.artifact_id is None:
+                self.artifact_id = cast(UUID, create_progress_artifact(percent, key=self.key, description=description))
+            else:
+                update_progress_artifact(self.artifact_id, percent, description=description)
+        except Exception as e:  # progress is a view; the work must go on without it
+            self._broken = True
+            self.logger.warning("progress artifact %s: write failed (%s); no further updates", self.key, e)
+
+
+class RunProgressRef(BaseModel):
+    """Where a shard task reports its share of a run-level progress artifact (small, serialisable)."""
+
+    artifact_id: str
+    total: int  # samples over all shards of this flow run
+    done_before: int  # samples of the shards processed before this one
+
+
+class TaskProgress:
+    """A ProgressFn for a task: feeds the task's progress artifact, optionally a run-level artifact,
+    and writes a log line with a text bar every `log_every_s` (the terminal's progress bar: Prefect
+    prints run logs to the console, and the same lines show in the UI)."""
+
+    def __init__(
+        self,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        label: str,
+        *,
+        key: str | None = None,
+        unit: str = "samples",
+        run: RunProgressRef | None = None,
+        min_interval_s: float = 2.0,
+        log_every_s: float = 10.0,
+    ):
+        self.logger = logger
+        self.label = label
+        self.unit = unit
+        self.own = ProgressArtifact(logger, key=key, min_interval_s=min_interval_s)
+        self.run = run
+        self.run_artifact = (
+            ProgressArtifact(logger, artifact_id=run.artifact_id, min_interval_s=min_interval_s) if run else None
+        )
+        self.log_every_s = log_every_s
+        self._last_log = time.monotonic()
+        self.last: Progress | None = None
+
+    def start(self, total: int) -> None:
+        self.own.create(0.0, describe(0, total, self.unit, 0.0, None))
+
+    def __call__(self, p: Progress) -> None:
+        self.last = p
+        final = p.total > 0 and p.done >= p.total
+        extra = ", ".join(f"{n} {k}" for k, n in (("skipped", p.skipped), ("failed", p.failed)) if n)
+        self.own.update(
+            100 * p.fraction, describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra), force=final
+        )
+        if self.run and self.run_artifact:
+            done = self.run.done_before + p.done
+            worked = p.done - p.skipped
+            rate = worked / p.elapsed_s if worked > 0 and p.elapsed_s > 0 else 0.0  # this shard's pace
+            eta = (self.run.total - done) / rate if rate > 0 else None
+            run_fraction = done / self.run.total if self.run.total else 1.0
+            self.run_artifact.update(
+                100 * run_fraction, describe(done, self.run.total, self.unit, p.tokens_per_s, eta), force=final
+            )
+        now = time.monotonic()
+        if final or now - self._last_log >= self.log_every_s:
+            self._last_log = now
+            text = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra)
+            self.logger.info("%s %s %s", self.label, text_bar(p.fraction), text)
+
+
+def create_run_progress(run_dir: str | Path, stage: str, total: int) -> RunProgressRef:
+    """The run-level progress artifact of a stage (keyed per run directory), at 0%."""
+    artifact_id = create_progress_artifact(
+        0.0, key=run_key(run_dir, f"{stage}-progress"), description=describe(0, total, "samples", 0.0, None)
+    )
+    return RunProgressRef(artifact_id=str(artifact_id), total=total, done_before=0)
+
+
+def finish_run_progress(ref: RunProgressRef, done: int, description: str) -> None:
+    percent = 100.0 * done / ref.total if ref.total else 100.0
+    update_progress_artifact(UUID(ref.artifact_id), percent, description=description)
+
+
+def table_artifact(key: str, rows: list[dict[str, Any]], description: str) -> UUID:
+    return cast(UUID, create_table_artifact(rows, key=key, description=description))
+
+
+def markdown_artifact(key: str, markdown: str, description: str) -> UUID:
+    return cast(UUID, create_markdown_artifact(markdown, key=key, description=description))

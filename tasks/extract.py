@@ -1,0 +1,292 @@
+"""extract: open the run, one task per shard around `eagle3.extract.extract_shard`, and the report.
+
+The engine is built once per process and shared by the shard tasks that run there (building is cheap:
+the transformers engine loads weights on its first forward, so a run whose shards are all complete
+never loads the model). `engine_session()` closes it when the flow is done with it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, Failed, State
+from pydantic import BaseModel
+
+from eagle3.config import PipelineConfig
+from eagle3.engines import Engine, build_engine
+from eagle3.extract import extract_shard, open_run, shard_is_complete
+from eagle3.progress import Progress
+from eagle3.store import RunInfo, RunStore, ShardManifest
+from tasks.artifacts import (
+    RunProgressRef,
+    TaskProgress,
+    create_run_progress,
+    finish_run_progress,
+    markdown_artifact,
+    run_key,
+    table_artifact,
+)
+
+OPEN_RUN_TIMEOUT_S = 15 * 60  # hashes the model directory (weights > 64 MiB: first and last MiB only)
+SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.shard_size with care
+SHARD_RETRY_DELAY_S = 5
+REPORT_TIMEOUT_S = 10 * 60
+GB = 1e9
+
+_ENGINES: dict[str, Engine] = {}
+
+
+def engine_for(config: PipelineConfig, model_dir: str) -> Engine:
+    """The engine for this model and server config, built once per process."""
+    key = json.dumps([str(Path(model_dir).resolve()), config.server.model_dump(mode="json"), config.extract.aux_layers])
+    if key not in _ENGINES:
+        _ENGINES[key] = build_engine(config, Path(model_dir))
+    return _ENGINES[key]
+
+
+def close_engines() -> None:
+    """Close every engine of this process (a launched SGLang server stops; cached weights stay)."""
+    while _ENGINES:
+        _, engine = _ENGINES.popitem()
+        engine.close()
+
+
+@contextmanager
+def engine_session() -> Iterator[None]:
+    try:
+        yield
+    finally:
+        close_engines()
+
+
+class ExtractPlan(BaseModel):
+    """What the shard tasks need to know about this flow run: small and serialisable."""
+
+    run_dir: str
+    shards: list[int]
+    expected: dict[int, int]  # shard -> prepared samples
+    progress: RunProgressRef
+
+    def progress_for(self, shard: int) -> RunProgressRef:
+        """The run progress as seen by `shard`: the shards before it (in plan order) are done."""
+        before = sum(self.expected[s] for s in self.shards[: self.shards.index(shard)])
+        return self.progress.model_copy(update={"done_before": before})
+
+
+class ShardResult(BaseModel):
+    shard: int
+    status: Literal["complete", "skipped"]
+    samples: int
+    tokens: int
+    bytes: int
+    seconds: float
+
+
+class ShardIncomplete(RuntimeError):
+    """Some samples of a shard failed; retrying the task redoes only those."""
+
+
+class ExtractSummary(BaseModel):
+    run_dir: str
+    shards: list[int]
+    complete: list[int]
+    failed: dict[int, str]  # shard -> reason
+    samples: int
+    expected: int
+    tokens: int
+    bytes: int
+
+
+def select_shards(wanted: list[int] | None, num_shards: int) -> list[int]:
+    if wanted is None:
+        return list(range(num_shards))
+    missing = [s for s in wanted if not 0 <= s < num_shards]
+    if missing:
+        raise ValueError(f"extract.shards {wanted}: {missing} do not exist; the run has shards 0..{num_shards - 1}")
+    return sorted(set(wanted))
+
+
+@task(name="open-run", retries=0, timeout_seconds=OPEN_RUN_TIMEOUT_S, cache_policy=NO_CACHE)
+def open_run_task(config: PipelineConfig, model_dir: str) -> ExtractPlan:
+    """Write run.json (or check that the existing store is for the same model, layers and data) and
+    start the run-level progress artifact."""
+    logger = get_run_logger()
+    store = RunStore(config.run_dir)
+    info = open_run(config, store, Path(model_dir), engine_for(config, model_dir).info)
+    prepared = store.read_prepared_manifest()
+    assert prepared is not None  # open_run refuses a store without prepared data
+    shards = select_shards(config.extract.shards, len(prepared.shards))
+    expected = {s: prepared.shards[s] for s in shards}
+    logger.info(
+        "run %s: model %s, engine %s %s, HF aux layers %s (engine ids %s), %d shards, %d samples",
+        store.root,
+        info.model_path,
+        info.engine,
+        info.engine_version,
+        info.aux_layers,
+        info.engine_layer_ids,
+        len(shards),
+        sum(expected.values()),
+    )
+    progress = create_run_progress(config.run_dir, "extract", sum(expected.values()))
+    return ExtractPlan(run_dir=config.run_dir, shards=shards, expected=expected, progress=progress)
+
+
+@task(
+    name="extract-shard",
+    task_run_name="extract-shard-{shard:05d}",
+    retries=2,  # the flow sets extract.shard_retries
+    retry_delay_seconds=SHARD_RETRY_DELAY_S,
+    timeout_seconds=SHARD_TIMEOUT_S,
+    cache_policy=NO_CACHE,
+)
+def extract_shard_task(
+    config: PipelineConfig, model_dir: str, shard: int, progress: RunProgressRef | None = None
+) -> ShardResult | State:
+    """Hidden states for every sample of one shard. A shard whose files are all present and sound is
+    Skipped without touching the engine; a shard with failed samples raises, and a retry redoes only those."""
+    logger = get_run_logger()
+    store = RunStore(config.run_dir)
+    info = store.read_run_info()
+    if info is None:
+        raise FileNotFoundError(f"{store.run_json} missing; the open-run task writes it before any shard")
+    report = TaskProgress(logger, f"shard {shard}", run=progress)
+    if shard_is_complete(store, shard, info):
+        m = store.read_manifest(shard)
+        assert m is not None
+        report(Progress("extract", m.expected, m.expected, 0, 0.0, skipped=m.expected))
+        logger.info("shard %d: complete (%d samples), skipped", shard, m.expected)
+        return Completed(name="Skipped", data=result_of(m, "skipped", 0.0))
+    start = time.monotonic()
+    manifest = extract_shard(store, shard, engine_for(config, model_dir), info, report)
+    seconds = time.monotonic() - start
+    if manifest.status != "complete":
+        raise ShardIncomplete(describe_errors(manifest))
+    logger.info(
+        "shard %d: %d samples, %d tokens, %.2f GB in %.1f s",
+        shard,
+        len(manifest.samples),
+        manifest.tokens,
+        manifest.bytes / GB,
+        seconds,
+    )
+    return result_of(manifest, "complete", seconds)
+
+
+def result_of(m: ShardManifest, status: Literal["complete", "skipped"], seconds: float) -> ShardResult:
+    return ShardResult(
+        shard=m.shard, status=status, samples=len(m.samples), tokens=m.tokens, bytes=m.bytes, seconds=seconds
+    )
+
+
+def describe_errors(m: ShardManifest, show: int = 3) -> str:
+    first = "; ".join(f"{sid}: {reason}" for sid, reason in list(m.errors.items())[:show])
+    more = f" (+{len(m.errors) - show} more)" if len(m.errors) > show else ""
+    return f"shard {m.shard} {m.status}: {len(m.errors)} of {m.expected} samples failed: {first}{more}"
+
+
+def failure_messages(states: Mapping[int, State[Any]]) -> dict[int, str]:
+    """shard -> message, for the shard tasks that did not complete."""
+    return {s: state.message or state.name or "failed" for s, state in states.items() if not state.is_completed()}
+
+
+@task(name="report-extract", retries=1, retry_delay_seconds=2, timeout_seconds=REPORT_TIMEOUT_S, cache_policy=NO_CACHE)
+def report_extract_task(config: PipelineConfig, plan: ExtractPlan, failures: dict[int, str]) -> ExtractSummary:
+    """The shard table and the markdown summary (keyed per run directory); closes the run progress."""
+    store = RunStore(config.run_dir)
+    info = store.read_run_info()
+    manifests = {s: store.read_manifest(s) for s in plan.shards}
+    rows = [shard_row(s, plan.expected[s], manifests[s], failures.get(s)) for s in plan.shards]
+    failed = {r["shard"]: r["error"] or r["status"] for r in rows if not_complete(r, failures)}
+    summary = ExtractSummary(
+        run_dir=str(store.root.resolve()),
+        shards=plan.shards,
+        complete=[r["shard"] for r in rows if r["shard"] not in failed],
+        failed=failed,
+        samples=sum(r["samples"] for r in rows),
+        expected=sum(plan.expected.values()),
+        tokens=sum(r["tokens"] for r in rows),
+        bytes=sum(int(r["GB"] * GB) for r in rows),
+    )
+    table_artifact(
+        run_key(config.run_dir, "extract-shards"), rows, f"Shards of {summary.run_dir}: {len(failed)} not complete"
+    )
+    markdown_artifact(run_key(config.run_dir, "extract-summary"), summary_markdown(summary, info), "Extraction summary")
+    finish_run_progress(
+        plan.progress,
+        summary.samples,
+        f"{summary.samples}/{summary.expected} samples in store, {len(summary.complete)}/{len(plan.shards)} "
+        f"shards complete" + (f", failed: {sorted(failed)}" if failed else ""),
+    )
+    get_run_logger().info(
+        "extraction: %d/%d samples, %d tokens, %.2f GB; %d/%d shards complete%s",
+        summary.samples,
+        summary.expected,
+        summary.tokens,
+        summary.bytes / GB,
+        len(summary.complete),
+        len(plan.shards),
+        f"; not complete: {sorted(failed)}" if failed else "",
+    )
+    return summary
+
+
+def not_complete(row: dict[str, Any], failures: dict[int, str]) -> bool:
+    return row["status"] != "complete" or row["shard"] in failures
+
+
+def shard_row(shard: int, expected: int, m: ShardManifest | None, failure: str | None) -> dict[str, Any]:
+    errors = dict(m.errors) if m else {}
+    first_error = next(iter(errors.items()), None)
+    error = failure or (f"{first_error[0]}: {first_error[1]}" if first_error else "")
+    return {
+        "shard": shard,
+        "status": (m.status if m else "failed" if failure else "pending"),
+        "samples": len(m.samples) if m else 0,
+        "expected": expected,
+        "tokens": m.tokens if m else 0,
+        "GB": round(m.bytes / GB, 4) if m else 0.0,
+        "errors": len(errors) or int(failure is not None),
+        "error": error[:300],
+    }
+
+
+def summary_markdown(s: ExtractSummary, info: RunInfo | None) -> str:
+    lines = [
+        f"# Extraction: `{s.run_dir}`",
+        "",
+        f"- samples: **{s.samples} / {s.expected}**, tokens: {s.tokens}, size: {s.bytes / GB:.3f} GB",
+        f"- shards complete: {len(s.complete)} / {len(s.shards)}",
+    ]
+    if s.failed:
+        lines.append(f"- **not complete: {', '.join(str(x) for x in sorted(s.failed))}** (see the shard table)")
+    if info is not None:
+        lines += [
+            f"- model: `{info.model_path}` (sha256 {info.model_sha256[:12]}), {info.num_layers} layers, "
+            f"hidden {info.hidden_size}, {info.dtype}",
+            f"- engine: {info.engine} {info.engine_version}",
+            f"- aux layers (HF hidden_states indices): {info.aux_layers}; engine ids {info.engine_layer_ids} "
+            f"({info.engine_layer_convention})",
+            f"- dataset fingerprint: {info.dataset_fingerprint[:12]}",
+        ]
+    lines += ["", f"Inspect: `eagle3 status {s.run_dir}`"]
+    return "\n".join(lines)
+
+
+def extract_outcome(summary: ExtractSummary) -> ExtractSummary | State:
+    """The flow's result: the summary, or a Failed state naming the shards that did not complete."""
+    if not summary.failed:
+        return summary
+    names = "; ".join(f"shard {k}: {v}" for k, v in sorted(summary.failed.items()))
+    return Failed(
+        message=f"{len(summary.failed)} of {len(summary.shards)} shards did not complete ({names}). "
+        f"Fix the cause and re-run: finished samples are kept.",
+        data=summary,
+    )

@@ -1,0 +1,42 @@
+"""prepare: conversations -> token ids + loss masks -> prepared shards (eagle3.prepare.prepare)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from eagle3.config import PipelineConfig
+from eagle3.prepare import prepare
+from eagle3.store import PreparedManifest, RunStore
+from tasks.artifacts import TaskProgress, run_key
+
+PREPARE_TIMEOUT_S = 6 * 3600  # tokenizing ~1M conversations on a few cores
+SHOW_BAD_ROWS = 5
+
+
+@task(name="prepare", retries=0, timeout_seconds=PREPARE_TIMEOUT_S, cache_policy=NO_CACHE)
+def prepare_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
+    """Tokenize `data.dataset` into `<run_dir>/prepared/` (a no-op when its inputs are unchanged).
+    Deterministic, so never retried: a bad input fails the same way twice."""
+    logger = get_run_logger()
+    report = TaskProgress(logger, "prepare", key=run_key(config.run_dir, "prepare-progress"), unit="rows")
+    manifest = prepare(config, RunStore(config.run_dir), Path(model_dir), report)
+    logger.info(
+        "prepared %d samples (%d tokens, %d loss tokens) in %d shards under %s; %d bad rows, %d duplicates",
+        manifest.num_samples,
+        manifest.num_tokens,
+        manifest.num_loss_tokens,
+        len(manifest.shards),
+        RunStore(config.run_dir).prepared_dir,
+        len(manifest.bad_rows),
+        manifest.duplicates,
+    )
+    for bad in manifest.bad_rows[:SHOW_BAD_ROWS]:
+        logger.warning("bad row %s:%d: %s", bad.file, bad.row, bad.reason)
+    if len(manifest.bad_rows) > SHOW_BAD_ROWS:
+        logger.warning("... %d more bad rows in prepared/manifest.json", len(manifest.bad_rows) - SHOW_BAD_ROWS)
+    if report.last is None:  # unchanged inputs: the library returned the existing manifest at once
+        report.own.create(100.0, f"{manifest.num_samples} samples, up to date (inputs unchanged)")
+    return manifest
