@@ -123,6 +123,25 @@ class TrainConfig(StrictModel):
     checkpoint_every: int = Field(200, gt=0, description="Steps between atomic checkpoints.")
     log_every: int = Field(10, gt=0, description="Steps between metric reports.")
     seed: int = Field(0, description="Data order and init seed.")
+    # added with the trainer (eagle3/train.py) ---------------------------------------------------
+    precision: Literal["bf16", "fp32"] = Field(
+        "bf16", description="`bf16`: bf16 autocast over fp32 master weights. `fp32`: no autocast (CPU tests)."
+    )
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Cosine decay ends at lr * min_lr_ratio.")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW decoupled weight decay.")
+    target_chunk_tokens: int = Field(
+        2048, gt=0, le=1_048_576,
+        description="Tokens per chunk when computing the target distribution over the full target vocabulary "
+        "(bounds the [chunk, target vocab] logits held at once).",
+    )  # fmt: skip
+    attention: Literal["auto", "flex", "dense"] = Field(
+        "auto", description="`flex`: compiled FlexAttention (CUDA). `dense`: explicit masked scores (CPU, tests). "
+        "`auto`: flex on CUDA, dense elsewhere.",
+    )  # fmt: skip
+    compile: bool = Field(False, description="torch.compile the draft's decoder layer (CUDA only).")
+    loader_threads: int = Field(4, gt=0, le=64, description="Threads that read and pack batches.")
+    prefetch_batches: int = Field(4, gt=0, le=64, description="Batches read ahead of the step.")
+    keep_checkpoints: int = Field(2, gt=0, le=1000, description="Newest checkpoints kept on disk.")
 
 
 class EvaluateConfig(StrictModel):
