@@ -1,0 +1,252 @@
+"""What the converters share: errors, result records, layer-index conventions, fast tensor I/O.
+
+Layer conventions (docs/formats.md spells them out):
+  ours (HF)       i = `hidden_states[i]` of a transformers forward: 0 = embeddings, i = input of decoder layer i
+  SpecForge/SGLang  x = output of decoder layer x            -> HF x + 1   (Llama/Qwen family in SGLang)
+  vLLM/speculators  k = input of decoder layer k (residual)  -> HF k, for 0 < k < N; k = N is the final layer's
+                    output BEFORE the final norm, which our store does not keep (it keeps the post-norm state)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import IO, Any, Literal, TypeVar
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagle3.fsio import fsync_dir
+from eagle3.sample_format import KEYS, SampleTensors, check_header, read_header
+from eagle3.store import DTYPES, RunInfo
+
+SIDECAR = "eagle3_export.json"  # written by our exporters beside the peer data; peers ignore it
+SIDECAR_FORMAT = "eagle3-export/1"
+ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
+ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class PeerFormatError(ValueError):
+    """A peer directory (SpecForge or speculators) that is not what its reader expects; names the file."""
+
+
+class ConvertError(ValueError):
+    """A store that cannot be converted (no run.json, no samples, bad token ids); names the path."""
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# layer conventions ----------------------------------------------------------------------------
+def hf_to_specforge(aux_layers: list[int]) -> list[int]:
+    """HF hidden_states indices -> SpecForge/SGLang `eagle_aux_hidden_state_layer_ids` (output of layer x)."""
+    return [i - 1 for i in aux_layers]
+
+
+def specforge_to_hf(layer_ids: list[int]) -> list[int]:
+    return [x + 1 for x in layer_ids]
+
+
+def hf_to_vllm(aux_layers: list[int], num_layers: int) -> list[int]:
+    """HF indices -> vLLM/speculators ids (input of layer k), plus N for the verifier's last state."""
+    if num_layers in aux_layers:
+        raise PeerFormatError(
+            f"aux layer {num_layers} is HF's post-norm final state; vLLM id {num_layers} is the pre-norm one, "
+            "so it has no exact vLLM id. Extract with aux layers below the model depth."
+        )
+    return [*aux_layers, num_layers]
+
+
+def vllm_to_hf(layer_ids: list[int], num_layers: int, where: str) -> list[int]:
+    """vLLM ids as passed to vLLM (aux ids, then N for the last state) -> HF indices of the aux slots."""
+    if len(layer_ids) < 2 or layer_ids[-1] != num_layers:
+        raise PeerFormatError(
+            f"{where}: vllm_layer_ids {layer_ids} must end with the model depth {num_layers} (the verifier's last "
+            "state, as speculators' launch_vllm.py --include-last-layer appends it)"
+        )
+    aux = layer_ids[:-1]
+    bad = [k for k in aux if not 0 < k < num_layers]
+    if bad:
+        raise PeerFormatError(f"{where}: vllm_layer_ids {layer_ids}: {bad} out of range 1..{num_layers - 1}")
+    return list(aux)
+
+
+# records ----------------------------------------------------------------------------------------
+class TargetModel(Record):
+    """The target model facts an import needs when the peer data does not carry them."""
+
+    model_path: str = Field(description="Where the target model lives (recorded in run.json).")
+    num_layers: int = Field(gt=0, description="Decoder layers N (config.json num_hidden_layers).")
+    vocab_size: int = Field(gt=0, description="Target vocabulary (config.json vocab_size).")
+    model_sha256: str = "unknown"
+    tokenizer_sha256: str = "unknown"
+
+    @classmethod
+    def from_model_dir(cls, model_dir: str | Path) -> TargetModel:
+        from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
+
+        path = Path(model_dir)
+        facts = read_model_facts(path)
+        return cls(
+            model_path=str(path),
+            num_layers=facts.num_layers,
+            vocab_size=facts.vocab_size,
+            model_sha256=model_fingerprint(path),
+            tokenizer_sha256=tokenizer_fingerprint(path),
+        )
+
+
+class SidecarSample(Record):
+    index: int
+    shard: int
+    sample_id: str
+    num_tokens: int
+
+
+class ExportSidecar(Record):
+    """eagle3_export.json: what an export came from, so importing it back is exact."""
+
+    format: str = SIDECAR_FORMAT
+    peer: Literal["specforge", "speculators"]
+    run_info: dict[str, Any]
+    aux_layers: list[int] = Field(description="HF hidden_states indices")
+    peer_layer_ids: list[int] = Field(description="the same layers in the peer's convention")
+    peer_layer_convention: str
+    last_state: Literal["post_norm"] = "post_norm"
+    samples: list[SidecarSample]
+
+
+class ExportResult(Record):
+    peer: str
+    out_dir: str
+    num_samples: int
+    num_tokens: int
+    bytes_read: int
+    bytes_written: int
+    skipped: int = Field(default=0, description="files already present from an earlier, interrupted export")
+    elapsed_s: float
+    peer_layer_ids: list[int]
+    notes: list[str] = Field(default_factory=list)
+
+
+class ImportResult(Record):
+    peer: str
+    src_dir: str
+    run_dir: str
+    num_samples: int
+    num_tokens: int
+    num_shards: int
+    aux_layers: list[int]
+    peer_layer_ids: list[int]
+    used_sidecar: bool
+    trimmed_rows: int = 0
+    skipped_missing: list[str] = Field(default_factory=list)
+    elapsed_s: float
+    notes: list[str] = Field(default_factory=list)
+
+
+def read_sidecar(src: Path, peer: str) -> ExportSidecar | None:
+    path = src / SIDECAR
+    if not path.is_file():
+        return None
+    try:
+        side = ExportSidecar.model_validate(json.loads(path.read_text()))
+    except Exception as e:
+        raise PeerFormatError(f"{path}: not a valid {SIDECAR_FORMAT} sidecar ({e})") from None
+    if side.peer != peer:
+        raise PeerFormatError(f"{path}: written for {side.peer!r}, not {peer!r}")
+    return side
+
+
+def require_run_info(store: Any) -> RunInfo:
+    info: RunInfo | None = store.read_run_info()
+    if info is None:
+        raise ConvertError(f"{store.run_json} missing: run the extract stage (or an import) first")
+    return info
+
+
+# fast tensor I/O ----------------------------------------------------------------------------------
+def read_store_sample(path: Path, info: RunInfo) -> SampleTensors:
+    """A store sample with one copy (file -> buffer; tensors are views of it), after the header check."""
+    check_header(path, num_tokens=None, num_aux=len(info.aux_layers), hidden_size=info.hidden_size,
+                 dtype=DTYPES[info.dtype])  # fmt: skip
+    header, n, size = read_header(path)
+    buf = bytearray(size - 8 - n)
+    with open(path, "rb") as f:
+        f.seek(8 + n)
+        f.readinto(buf)
+    out = {}
+    for key in KEYS:
+        h = header[key]
+        dt = ST_DTYPES[h["dtype"]]
+        a, b = h["data_offsets"]
+        t = (
+            torch.frombuffer(buf, dtype=dt, offset=a, count=(b - a) // dt.itemsize)
+            if b > a
+            else torch.empty(0, dtype=dt)
+        )
+        out[key] = t.view(h["shape"])
+    return SampleTensors(**out)
+
+
+def write_safetensors(
+    f: IO[bytes], tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None
+) -> int:
+    """Stream tensors into an open file in safetensors layout, in the given order, without a second copy."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    off = 0
+    for name, t in tensors:
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + nbytes]}
+        off += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    f.write(struct.pack("<Q", len(raw)))
+    f.write(raw)
+    for _, t in tensors:
+        if t.numel():
+            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
+    return 8 + len(raw) + off
+
+
+def atomic_write_with(path: Path, write: Callable[[IO[bytes]], Any], *, sync_dir: bool = True) -> None:
+    """Like fsio.atomic_write_bytes, but the content is streamed by `write(file)` (torch.save, safetensors)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:
+    """`map` on a thread pool with at most 4*workers tasks in flight; results in input order."""
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending: deque[Future[R]] = deque()
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
