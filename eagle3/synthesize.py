@@ -73,9 +73,12 @@ def resolve_device(server: ServerConfig) -> str:
 def load_model(model_dir: Path, server: ServerConfig) -> Any:
     from transformers import AutoModelForCausalLM
 
-    device = resolve_device(server)
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[server.dtype])
-    return model.to(device).eval()
+    dtype = DTYPES[server.dtype]
+    if resolve_device(server) == "cuda":  # spread over the visible GPUs when one does not hold the model
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="auto")
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)  # loads on the CPU
+    return model.eval()
 
 
 def stop_token_ids(model: Any, chat: ChatTokenizer) -> list[int]:
