@@ -139,3 +139,12 @@ def test_unknown_dataset_path_names_the_path(tmp_path: Path, demo_model: Path) -
     (tmp_path / "d.csv").write_text("a,b\n")
     with pytest.raises(PrepareError, match=r"unsupported type '.csv'"):
         run(config(tmp_path, tmp_path / "d.csv"), demo_model)
+
+
+def test_demo_prompt_set_prepares_without_bad_rows(tmp_path: Path, demo_model: Path) -> None:
+    demo = Path(__file__).resolve().parents[2] / "data" / "demo_prompts.jsonl"
+    store, m = run(config(tmp_path, demo), demo_model)
+    assert m.num_samples == 200 and m.bad_rows == [] and m.duplicates == 0
+    messages = store.read_prepared_shard(0).column("messages").to_pylist()
+    assert sum(1 for msgs in messages if len(json.loads(msgs)) == 4) == 20
+    assert all(sum(s.loss_mask) > 0 for s in store.prepared_samples(0))
