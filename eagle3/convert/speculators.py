@@ -78,10 +78,10 @@ class FinalNorm:
     eps: float
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """transformers' LlamaRMSNorm, in the same order of operations and dtypes."""
+        """transformers' LlamaRMSNorm, in the same order of operations and dtypes (result in x's dtype)."""
         x32 = x.to(torch.float32)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return (self.weight * x32.to(x.dtype)).to(x.dtype)
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> FinalNorm:
