@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
 STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
+DEFAULT_STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract")
 
 
 class StrictModel(BaseModel):
@@ -161,7 +162,7 @@ class PipelineConfig(StrictModel):
     )
     data_dir: str = Field("data", description="Where the demo model and caches are installed.")
     stages: list[Stage] = Field(
-        default_factory=lambda: ["prepare", "synthesize", "extract"], description="Stages to run, in pipeline order."
+        default_factory=lambda: list(DEFAULT_STAGES), description="Stages to run, in pipeline order."
     )
     data: DataConfig = Field(default_factory=DataConfig)  # type: ignore[arg-type]
     synthesize: SynthesizeConfig = Field(default_factory=SynthesizeConfig)  # type: ignore[arg-type]
