@@ -143,7 +143,7 @@ def ensure_demo_model(data_dir: Path) -> Path:
     gguf_model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
     # A plain LlamaForCausalLM in bf16, so every engine (and SGLang) loads a normal checkpoint.
     model = LlamaForCausalLM(gguf_model.config)
-    model.to(dtype=torch.bfloat16)
+    torch.nn.Module.to(model, dtype=torch.bfloat16)  # the plain Module method; transformers wraps .to
     model.load_state_dict(gguf_model.state_dict())
     model.config.dtype = torch.bfloat16
     if hasattr(model.config, "quantization_config"):  # left by the GGUF loader; the copy is plain bf16
