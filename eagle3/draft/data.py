@@ -1,0 +1,252 @@
+"""Batches for the trainer: the convert stage's index and vocab map, a deterministic length-bucketed plan,
+packed rows, and a background reader.
+
+    <run_dir>/index.arrow             shard, sample_id, path (relative to run_dir), num_tokens, num_loss_tokens
+    <run_dir>/vocab_map.safetensors   d2t int64 [draft], t2d bool [target vocab]
+
+A batch is one packed row of up to `batch_tokens` tokens holding whole documents (samples), padded to
+exactly `batch_tokens` so every step has one shape; attention never crosses documents (model.py masks by
+document id). The plan of epoch e depends only on (seed, e): shuffle, sort windows of samples by length,
+fill rows first-fit in that order, shuffle the rows. Rank r of W takes rows r, r+W, ... so resuming at a
+step needs nothing but (epoch, rows consumed).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from eagle3.sample_format import KEYS, SampleFormatError
+
+INDEX_FILE = "index.arrow"
+VOCAB_FILE = "vocab_map.safetensors"
+SORT_WINDOW = 64  # rows' worth of samples sorted together: long enough to bucket, short enough to stay random
+
+
+class DataError(ValueError):
+    """The index, vocab map or a sample file is missing or inconsistent; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    path: Path
+    num_tokens: int
+
+
+def load_index(run_dir: Path) -> list[Sample]:
+    """Samples with at least one loss token, in index order."""
+    path = Path(run_dir) / INDEX_FILE
+    if not path.is_file():
+        raise DataError(f"{path} is missing; run the convert stage first")
+    with pa.memory_map(str(path)) as src:
+        t = pa.ipc.open_file(src).read_all()
+    for col in ("path", "num_tokens", "num_loss_tokens"):
+        if col not in t.column_names:
+            raise DataError(f"{path}: column {col!r} missing (columns {t.column_names}); re-run convert")
+    rows = zip(t["path"].to_pylist(), t["num_tokens"].to_pylist(), t["num_loss_tokens"].to_pylist(), strict=True)
+    samples = [Sample(Path(run_dir) / p, int(n)) for p, n, m in rows if m > 0 and n > 1]
+    if not samples:
+        raise DataError(f"{path}: no sample has loss tokens; nothing to train on")
+    return samples
+
+
+def load_vocab_map(run_dir: Path) -> tuple[Tensor, Tensor]:
+    """(d2t int64 [draft], t2d bool [target vocab]), checked against each other."""
+    path = Path(run_dir) / VOCAB_FILE
+    if not path.is_file():
+        raise DataError(f"{path} is missing; run the convert stage first")
+    with safe_open(str(path), framework="pt") as f:
+        d2t, t2d = f.get_tensor("d2t").to(torch.int64), f.get_tensor("t2d").to(torch.bool)
+    ids = torch.arange(len(d2t)) + d2t
+    if ids.min() < 0 or ids.max() >= len(t2d) or not bool(t2d[ids].all()) or int(t2d.sum()) != len(d2t):
+        raise DataError(f"{path}: d2t and t2d disagree (draft ids must map to distinct target ids marked in t2d)")
+    return d2t, t2d
+
+
+def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
+    """Rows of sample indices for one epoch; a sample longer than batch_tokens gets a row of its own (cut)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    rows: list[list[int]] = []
+    window = max(1, SORT_WINDOW * batch_tokens // max(1, sum(lengths) // len(lengths)))
+    for a in range(0, len(order), window):
+        open_rows: list[tuple[int, list[int]]] = []  # (tokens used, samples) of this window's rows
+        for i in sorted(order[a : a + window], key=lambda i: -lengths[i]):
+            n = min(lengths[i], batch_tokens)
+            for j, (used, row) in enumerate(open_rows):
+                if used + n <= batch_tokens:
+                    open_rows[j] = (used + n, [*row, i])
+                    break
+            else:
+                open_rows.append((n, [i]))
+        rows.extend(row for _, row in open_rows)
+    perm = torch.randperm(len(rows), generator=g).tolist()
+    return [rows[p] for p in perm]
+
+
+@dataclass
+class PackedBatch:
+    input_ids: Tensor  # [N] int64
+    loss_mask: Tensor  # [N] uint8
+    aux_hidden: Tensor  # [N, K, H] store dtype
+    last_hidden: Tensor  # [N, H] store dtype
+    positions: Tensor  # [N] int64, position within the document
+    remaining: Tensor  # [N] int64, tokens after this one in its document (0 on padding)
+    doc: Tensor  # [N] int32, document index in the row; padding is one more document
+    num_tokens: int  # real (unpadded) tokens
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> PackedBatch:
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for k, v in moved.items():
+            if isinstance(v, Tensor):
+                moved[k] = v.to(device, non_blocking=non_blocking)
+        return PackedBatch(**moved)
+
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                v.record_stream(stream)
+
+
+def read_sample(path: Path, max_tokens: int) -> dict[str, Tensor]:
+    """The four tensors of a sample file through a memory map, cut to max_tokens rows."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            if set(f.keys()) != set(KEYS):
+                raise DataError(f"{path}: keys {sorted(f.keys())}, expected {sorted(KEYS)}")
+            return {k: f.get_slice(k)[:max_tokens] for k in KEYS}
+    except (OSError, SampleFormatError) as e:
+        raise DataError(f"{path}: cannot read sample ({e})") from None
+
+
+def pack(samples: list[dict[str, Tensor]], batch_tokens: int, pin: bool = False) -> PackedBatch:
+    """Concatenate samples into one row padded to batch_tokens."""
+    n = sum(len(s["input_ids"]) for s in samples)
+    if n > batch_tokens:
+        raise DataError(f"{n} tokens do not fit in train.batch_tokens={batch_tokens}")
+    k, h = samples[0]["aux_hidden_states"].shape[1:]
+    dtype = samples[0]["aux_hidden_states"].dtype
+    out = PackedBatch(
+        input_ids=torch.zeros(batch_tokens, dtype=torch.int64, pin_memory=pin),
+        loss_mask=torch.zeros(batch_tokens, dtype=torch.uint8, pin_memory=pin),
+        aux_hidden=torch.empty(batch_tokens, k, h, dtype=dtype, pin_memory=pin),
+        last_hidden=torch.empty(batch_tokens, h, dtype=dtype, pin_memory=pin),
+        positions=torch.zeros(batch_tokens, dtype=torch.int64, pin_memory=pin),
+        remaining=torch.zeros(batch_tokens, dtype=torch.int64, pin_memory=pin),
+        doc=torch.full((batch_tokens,), len(samples), dtype=torch.int32, pin_memory=pin),
+        num_tokens=n,
+    )
+    a = 0
+    for d, s in enumerate(samples):
+        t = len(s["input_ids"])
+        out.input_ids[a : a + t] = s["input_ids"]
+        out.loss_mask[a : a + t] = s["loss_mask"]
+        out.aux_hidden[a : a + t] = s["aux_hidden_states"]
+        out.last_hidden[a : a + t] = s["last_hidden_state"]
+        out.positions[a : a + t] = torch.arange(t)
+        out.remaining[a : a + t] = torch.arange(t - 1, -1, -1)
+        out.doc[a : a + t] = d
+        a += t
+    out.aux_hidden[a:] = 0
+    out.last_hidden[a:] = 0
+    return out
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    epoch: int
+    rows: int  # rows of this epoch's plan consumed by all ranks together
+
+
+class BatchStream:
+    """Rank `rank`'s batches from `start` on, read and packed by background threads, copied to the device one
+    step ahead on a side stream. Iterating yields (position after this batch, batch on the device)."""
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        *,
+        batch_tokens: int,
+        seed: int,
+        rank: int,
+        world: int,
+        device: torch.device,
+        threads: int,
+        prefetch: int,
+    ) -> None:
+        self.samples, self.batch_tokens, self.seed = samples, batch_tokens, seed
+        self.rank, self.world, self.device = rank, world, device
+        self.prefetch = prefetch
+        self.lengths = [s.num_tokens for s in samples]
+        self._plans: dict[int, list[list[int]]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="eagle3-data")
+        self._lock = threading.Lock()
+        self.wait_s = 0.0  # time the training loop spent waiting for data
+
+    def plan(self, epoch: int) -> list[list[int]]:
+        with self._lock:
+            if epoch not in self._plans:
+                self._plans = {epoch: plan_epoch(self.lengths, self.batch_tokens, self.seed, epoch)}
+            return self._plans[epoch]
+
+    def steps_per_epoch(self, epoch: int = 0) -> int:
+        return len(self.plan(epoch)) // self.world
+
+    def _load(self, row: list[int]) -> PackedBatch:
+        samples = [read_sample(self.samples[i].path, self.batch_tokens) for i in row]
+        return pack(samples, self.batch_tokens, pin=self.device.type == "cuda")
+
+    def _rows(self, start: DataPosition) -> Iterator[tuple[DataPosition, list[int]]]:
+        epoch, rows = start.epoch, start.rows - start.rows % self.world
+        while True:
+            plan = self.plan(epoch)
+            usable = len(plan) - len(plan) % self.world
+            if usable == 0:
+                raise DataError(
+                    f"epoch {epoch} packs into {len(plan)} rows of train.batch_tokens={self.batch_tokens}, fewer "
+                    f"than the {self.world} processes; lower train.batch_tokens or train.nproc, or add data"
+                )
+            if rows >= usable:
+                epoch, rows = epoch + 1, 0
+                continue
+            yield DataPosition(epoch, rows + self.world), plan[rows + self.rank]
+            rows += self.world
+
+    def iterate(self, start: DataPosition) -> Iterator[tuple[DataPosition, PackedBatch]]:
+        pending: deque[tuple[DataPosition, Future[PackedBatch]]] = deque()
+        rows = self._rows(start)
+        cuda = self.device.type == "cuda"
+        copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        ahead: tuple[DataPosition, PackedBatch] | None = None
+        while True:
+            while len(pending) < self.prefetch:
+                pos, row = next(rows)
+                pending.append((pos, self._pool.submit(self._load, row)))
+            pos, fut = pending.popleft()
+            t0 = time.perf_counter()
+            cpu = fut.result()
+            self.wait_s += time.perf_counter() - t0
+            if copy_stream is None:
+                yield pos, cpu.to(self.device)
+                continue
+            with torch.cuda.stream(copy_stream):
+                dev = cpu.to(self.device, non_blocking=True)
+            if ahead is not None:
+                yield ahead
+            torch.cuda.current_stream(self.device).wait_stream(copy_stream)
+            dev.record_stream(torch.cuda.current_stream(self.device))
+            ahead = (pos, dev)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,125 @@
+"""The training-time test's targets and loss.
+
+Target distribution (once per batch, not per step): the stored final post-norm state x the target's frozen
+lm_head, restricted to the draft vocabulary and renormalized there (softmax over the draft ids' logits).
+It is computed in chunks of tokens, so at most [chunk, target vocab] logits exist at once; the full-vocab
+logits are needed only for the target's argmax (is it in the draft vocabulary? accuracy).
+
+Alignment (positions within one document of T tokens, x = input ids, loss_mask over tokens):
+    target[s]            distribution of x[s+1] given x[..s]       (from last_hidden_state[s])
+    step i, position t   predicts x[t+2+i], so its target is target[t+1+i]
+    trained when         x[t+2+i] exists, loss_mask[t+2+i] == 1, and the target's argmax at t+1+i is in the
+                         draft vocabulary (as SpecForge: a token the draft cannot emit teaches nothing)
+    loss of step i       soft cross-entropy summed over trained positions / their count
+    total                sum_i decay**i * loss_i
+    accuracy of step i   draft argmax (mapped through d2t) == target argmax, over positions with a label
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+@dataclass
+class TargetDist:
+    probs: Tensor  # [N, Vd] fp32: softmax of the target logits over the draft vocabulary
+    argmax: Tensor  # [N] int64: target id of the target's argmax over its whole vocabulary
+    in_draft: Tensor  # [N] bool: that argmax is in the draft vocabulary
+
+
+def draft_to_target_ids(d2t: Tensor) -> Tensor:
+    """Target id of each draft id: i + d2t[i]. [Vd] int64."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t
+
+
+@torch.no_grad()
+def target_distribution(
+    last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, chunk_tokens: int
+) -> TargetDist:
+    """last_hidden [N, H], lm_head [V, H] (the target's, frozen) -> TargetDist, chunk_tokens rows at a time."""
+    ids = draft_to_target_ids(d2t)  # [Vd]
+    n = last_hidden.shape[0]
+    probs = torch.empty(n, len(ids), dtype=torch.float32, device=last_hidden.device)
+    argmax = torch.empty(n, dtype=torch.int64, device=last_hidden.device)
+    for a in range(0, n, chunk_tokens):
+        logits = last_hidden[a : a + chunk_tokens].to(lm_head.dtype) @ lm_head.T  # [c, V], one chunk only
+        argmax[a : a + chunk_tokens] = logits.argmax(-1)
+        probs[a : a + chunk_tokens] = torch.softmax(logits[:, ids].float(), dim=-1)  # [c, Vd]
+    return TargetDist(probs=probs, argmax=argmax, in_draft=t2d[argmax])
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """sum_n w[n] * CE(probs[src[n]], softmax(logits[n])), chunked; saves the logits, not their fp32 softmax."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for a in range(0, logits.shape[0], chunk):
+            z = logits[a : a + chunk].float()  # [c, Vd]
+            p = probs[src[a : a + chunk]]  # [c, Vd]
+            ce = torch.logsumexp(z, dim=-1) * p.sum(-1) - (p * z).sum(-1)  # [c]
+            total = total + (ce * weight[a : a + chunk]).sum()
+        ctx.save_for_backward(logits, probs, src, weight)
+        ctx.chunk = chunk
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        logits, probs, src, weight = ctx.saved_tensors
+        out = torch.empty_like(logits)
+        for a in range(0, logits.shape[0], ctx.chunk):
+            z = logits[a : a + ctx.chunk].float()
+            p = probs[src[a : a + ctx.chunk]]
+            g = torch.softmax(z, dim=-1) * p.sum(-1, keepdim=True) - p  # d CE / d z
+            out[a : a + ctx.chunk] = (g * (weight[a : a + ctx.chunk] * grad)[:, None]).to(out.dtype)
+        return out, None, None, None, None
+
+
+def soft_cross_entropy(logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int = 4096) -> Tensor:
+    return _SoftCrossEntropy.apply(logits, probs, src, weight, chunk)  # type: ignore[no-any-return]
+
+
+@dataclass
+class TTTLoss:
+    total: Tensor  # scalar, differentiable: sum_i decay**i * loss_i
+    step_loss: Tensor  # [S] detached
+    step_hits: Tensor  # [S] positions where the draft's argmax equals the target's
+    step_labels: Tensor  # [S] positions with a label (accuracy denominator)
+
+
+def ttt_loss(
+    logits: list[Tensor],
+    target: TargetDist,
+    loss_mask: Tensor,
+    remaining: Tensor,
+    d2t: Tensor,
+    decay: float,
+    chunk_tokens: int = 4096,
+) -> TTTLoss:
+    """logits: steps x [N, Vd]; loss_mask [N]; remaining [N] = tokens after each one in its document."""
+    n, steps = remaining.shape[0], len(logits)
+    idx = torch.arange(n, device=remaining.device)
+    mask_ahead = F.pad(loss_mask.bool(), (0, steps + 2))  # [N + steps + 2]
+    total = torch.zeros((), dtype=torch.float32, device=remaining.device)
+    losses, hits, labels = [], [], []
+    for i, z in enumerate(logits):
+        src = (idx + 1 + i).clamp(max=n - 1)  # where target[t+1+i] sits
+        label = (remaining >= 2 + i) & mask_ahead[2 + i : 2 + i + n]  # x[t+2+i] exists and is trained on
+        w = (label & target.in_draft[src]).float()  # [N]
+        loss_i = soft_cross_entropy(z, target.probs, src, w, chunk_tokens) / w.sum().clamp(min=1.0)
+        total = total + decay**i * loss_i
+        with torch.no_grad():
+            pred = z.argmax(-1)  # [N] draft ids
+            hits.append(((pred + d2t[pred] == target.argmax[src]) & label).sum())
+            labels.append(label.sum())
+            losses.append(loss_i.detach())
+    return TTTLoss(
+        total=total,
+        step_loss=torch.stack(losses),
+        step_hits=torch.stack(hits).float(),
+        step_labels=torch.stack(labels).float(),
+    )

@@ -1,0 +1,368 @@
+"""The EAGLE-3 trainer: build from a TrainJob, then a short loop around a one-screen step.
+
+    job  = TrainJob(train=cfg.train, run_dir=..., model_dir=..., out_dir=...)   # written to a file by the task
+    with Trainer.build(job, rank=r, world=w, local_rank=l) as t:               # torchrun: eagle3/train_worker.py
+        result = t.run(progress=callback)
+
+Outputs under out_dir: metrics.jsonl (one JSON object per logged step), tb/ (TensorBoard events),
+checkpoints/ (eagle3/draft/checkpoint.py). A run whose out_dir holds a checkpoint resumes from it: same
+weights, AdamW moments, schedule, RNG and data position, so the next step's loss equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict
+from safetensors import safe_open
+from torch.nn.parallel import DistributedDataParallel
+
+from eagle3.config import TrainConfig
+from eagle3.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map
+from eagle3.draft.loss import target_distribution, ttt_loss
+from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
+from eagle3.fsio import atomic_write_json, read_json
+from eagle3.progress import Progress, ProgressFn, no_progress
+from eagle3.store import RunInfo
+
+
+class TrainJob(BaseModel):
+    """Everything a training process needs; the Prefect task writes it to a file for the torchrun worker."""
+
+    model_config = ConfigDict(extra="forbid")
+    train: TrainConfig
+    run_dir: str  # the store: run.json, index.arrow, vocab_map.safetensors, shards/
+    model_dir: str  # the target model (config.json + safetensors): embedding, lm_head, RoPE
+    out_dir: str  # metrics, TensorBoard, checkpoints
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+def write_job(path: Path, job: TrainJob) -> None:
+    atomic_write_json(Path(path), job.model_dump(mode="json"))
+
+
+def read_job(path: Path) -> TrainJob:
+    return TrainJob.model_validate(read_json(Path(path)))
+
+
+class TrainError(RuntimeError):
+    """The store, target model or config cannot be trained on; the message names the file or key."""
+
+
+class NonFiniteLossError(TrainError):
+    """The loss or gradient norm became NaN/inf; the message names the step."""
+
+
+def resolve_device(device: str, local_rank: int) -> torch.device:
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Multiplier of the peak lr before optimizer step `step` (0-based)."""
+    if step < warmup:  # 1) linear warm-up from 1/warmup to 1
+        return (step + 1) / warmup
+    if step >= total:  # 2) past the end: the floor
+        return min_ratio
+    progress = (step - warmup) / max(1, total - warmup)  # 3) cosine from 1 down to min_ratio
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Tensors of the target model by key ({alias: key}), reading only those from its safetensors files."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    files = sorted(model_dir.glob("*.safetensors"))
+    where = {k: model_dir / f for k, f in read_json(index)["weight_map"].items()} if index.is_file() else {}
+    if not where:
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                where.update(dict.fromkeys(st.keys(), f))
+    out = {}
+    for alias, key in names.items():
+        if key not in where:
+            raise TrainError(
+                f"{model_dir}: no tensor {key!r} in {[f.name for f in files]} (needed for the draft's {alias})"
+            )
+        with safe_open(str(where[key]), framework="pt") as st:
+            out[alias] = st.get_tensor(key)
+    return out
+
+
+@dataclass
+class StepOut:
+    loss: float
+    grad_norm: float
+    lr: float
+    step_loss: torch.Tensor  # [S]
+    step_hits: torch.Tensor  # [S]
+    step_labels: torch.Tensor  # [S]
+    tokens: int
+
+
+@dataclass
+class TrainResult:
+    step: int
+    total_steps: int
+    out_dir: str
+    checkpoint: str | None
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+class Reporter:
+    """Rank 0's side effects in one place: metrics.jsonl, TensorBoard, the progress callback."""
+
+    def __init__(self, out_dir: Path, total: int, start_step: int, progress: ProgressFn):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.path = out_dir / "metrics.jsonl"
+        self.tb = SummaryWriter(str(out_dir / "tb"))
+        self.total, self.start_step, self.progress = total, start_step, progress
+        self.t0 = time.monotonic()
+        self.tokens = 0
+
+    def log(self, record: dict[str, Any]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        step = record["step"]
+        for k in ("loss", "lr", "grad_norm", "tokens_per_s", "data_wait_frac"):
+            self.tb.add_scalar(f"train/{k}", record[k], step)
+        for i, (loss, acc) in enumerate(zip(record["step_loss"], record["step_acc"], strict=True)):
+            self.tb.add_scalar(f"ttt_loss/step{i}", loss, step)
+            self.tb.add_scalar(f"ttt_acc/step{i}", acc, step)
+        self.tb.flush()
+        self.progress(
+            Progress(
+                "train",
+                done=step,
+                total=self.total,
+                tokens=self.tokens,
+                elapsed_s=time.monotonic() - self.t0,
+                skipped=self.start_step,
+            )
+        )
+
+    def close(self) -> None:
+        self.tb.close()
+
+
+class Trainer:
+    def __init__(self, job: TrainJob, *, rank: int, world: int, device: torch.device) -> None:
+        self.job, self.cfg, self.rank, self.world, self.device = job, job.train, rank, world, device
+        self.out_dir, self.ckpt_dir = Path(job.out_dir), Path(job.out_dir) / "checkpoints"
+        run_dir = Path(job.run_dir)
+        info = RunInfo.model_validate(read_json(run_dir / "run.json"))
+        target_cfg = read_json(Path(job.model_dir) / "config.json")
+        d2t, t2d = load_vocab_map(run_dir)
+        dcfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
+        self._check(info, dcfg, t2d)
+
+        dtype = torch.bfloat16 if self.cfg.precision == "bf16" else torch.float32
+        tied = bool(target_cfg.get("tie_word_embeddings", False))
+        keys = {
+            "embedding": "model.embed_tokens.weight",
+            "lm_head": "model.embed_tokens.weight" if tied else "lm_head.weight",
+        }
+        target = load_target_tensors(Path(job.model_dir), keys)
+        torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
+        self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
+        self.model.set_vocab_map(d2t.to(device), t2d.to(device))
+        self.lm_head = target["lm_head"].to(device, dtype)  # [V, H], frozen, outside the draft
+        self.params = [p for _, p in self.model.named_parameters() if p.requires_grad]
+        fused = device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=self.cfg.lr, betas=(0.9, 0.95), weight_decay=self.cfg.weight_decay, fused=fused
+        )
+
+        self.stream = BatchStream(
+            load_index(run_dir),
+            batch_tokens=self.cfg.batch_tokens,
+            seed=self.cfg.seed,
+            rank=rank,
+            world=world,
+            device=device,
+            threads=self.cfg.loader_threads,
+            prefetch=self.cfg.prefetch_batches,
+        )
+        per_epoch = self.stream.steps_per_epoch(0)
+        self.total_steps = self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * per_epoch))
+        c = self.cfg
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, c.warmup_steps, self.total_steps, c.min_lr_ratio)
+        )
+        self.step, self.pos = 0, DataPosition(0, 0)
+        self.checkpoint: Path | None = latest_checkpoint(self.ckpt_dir)
+        if self.checkpoint is not None:
+            state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
+            self.step, self.pos = state["step"], DataPosition(**state["data_position"])
+        use_flex = c.attention == "flex" or (c.attention == "auto" and device.type == "cuda")
+        self.flex = FlexAttend() if use_flex else None
+        if c.compile:
+            self.model.compile_blocks()
+        self.ddp: torch.nn.Module = self.model
+        if world > 1:
+            self.ddp = DistributedDataParallel(
+                self.model,
+                device_ids=[device.index] if fused else None,
+                broadcast_buffers=False,
+                gradient_as_bucket_view=True,
+            )
+
+    def _check(self, info: RunInfo, dcfg: DraftConfig, t2d: torch.Tensor) -> None:
+        where = f"{self.job.run_dir}/run.json vs {self.job.model_dir}/config.json"
+        if info.hidden_size != dcfg.hidden_size or info.vocab_size != dcfg.vocab_size:
+            raise TrainError(
+                f"{where}: hidden {info.hidden_size} vs {dcfg.hidden_size}, vocab {info.vocab_size} vs "
+                f"{dcfg.vocab_size}: the store was extracted from another model"
+            )
+        if len(t2d) != dcfg.vocab_size:
+            raise TrainError(
+                f"{self.job.run_dir}/vocab_map.safetensors: t2d has {len(t2d)} entries, the target "
+                f"vocabulary {dcfg.vocab_size}; re-run convert"
+            )
+        want = min(self.cfg.draft_vocab_size, dcfg.vocab_size)
+        if dcfg.draft_vocab_size != want:
+            raise TrainError(
+                f"{self.job.run_dir}/vocab_map.safetensors has {dcfg.draft_vocab_size} draft ids, "
+                f"train.draft_vocab_size asks {want}; re-run convert"
+            )
+
+    @classmethod
+    def build(cls, job: TrainJob, *, rank: int = 0, world: int = 1, local_rank: int = 0) -> Trainer:
+        device = resolve_device(job.device, local_rank)
+        if world > 1 and not dist.is_initialized():
+            raise TrainError(f"world size {world} but no process group: start through eagle3/train_worker.py")
+        return cls(job, rank=rank, world=world, device=device)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def attend_for(self, doc: torch.Tensor) -> AttendFn:
+        return self.flex(doc) if self.flex is not None else dense_attend(doc)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        bf16 = self.cfg.precision == "bf16"
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+    # the step ---------------------------------------------------------------------------------------------------
+    def train_step(self, batch: PackedBatch) -> StepOut:
+        """One optimizer step on one packed batch: target, TTT forward, loss, backward, clip, AdamW, schedule."""
+        c, m = self.cfg, self.model
+        target = target_distribution(batch.last_hidden, self.lm_head, m.d2t, m.t2d, c.target_chunk_tokens)
+        attend = self.attend_for(batch.doc)
+        aux = batch.aux_hidden if c.precision == "bf16" else batch.aux_hidden.float()  # [N, K, H]
+        with self.autocast():
+            logits = self.ddp(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
+        out = ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.total.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
+        loss, gn = torch.stack([out.total.detach().float(), grad_norm.float()]).tolist()
+        if not (math.isfinite(loss) and math.isfinite(gn)):
+            raise NonFiniteLossError(
+                f"step {self.step + 1}: loss {loss}, grad norm {gn} (rank {self.rank}); the run stops here. Resume "
+                f"restarts from {self.checkpoint or 'scratch'}; lower train.lr or check the store for bad values"
+            )
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.scheduler.step()
+        return StepOut(
+            loss=loss,
+            grad_norm=gn,
+            lr=lr,
+            step_loss=out.step_loss,
+            step_hits=out.step_hits,
+            step_labels=out.step_labels,
+            tokens=batch.num_tokens,
+        )
+
+    # the loop ---------------------------------------------------------------------------------------------------
+    def run(self, progress: ProgressFn = no_progress, stop_at_step: int | None = None) -> TrainResult:
+        """Train to total_steps (or stop after `stop_at_step`, as a kill would, without a final checkpoint)."""
+        reporter = Reporter(self.out_dir, self.total_steps, self.step, progress) if self.rank == 0 else None
+        window: list[StepOut] = []
+        t_window, wait_window = time.perf_counter(), self.stream.wait_s
+        last: dict[str, Any] = {}
+        try:
+            for pos, batch in self.stream.iterate(self.pos):
+                if self.step >= self.total_steps or (stop_at_step is not None and self.step >= stop_at_step):
+                    break
+                window.append(self.train_step(batch))
+                self.step, self.pos = self.step + 1, pos
+                if self.step % self.cfg.log_every == 0 or self.step == self.total_steps:
+                    dt, waited = time.perf_counter() - t_window, self.stream.wait_s - wait_window
+                    last = self._aggregate(window, dt, waited)
+                    window, t_window, wait_window = [], time.perf_counter(), self.stream.wait_s
+                    if reporter is not None:
+                        reporter.tokens += last["tokens"]
+                        reporter.log(last)
+                if self.step % self.cfg.checkpoint_every == 0 or self.step == self.total_steps:
+                    self._save()
+        finally:
+            if reporter is not None:
+                reporter.close()
+        return TrainResult(
+            self.step, self.total_steps, str(self.out_dir), str(self.checkpoint) if self.checkpoint else None, last
+        )
+
+    def _aggregate(self, window: list[StepOut], dt: float, waited: float) -> dict[str, Any]:
+        """Metrics of the steps since the last report, summed over ranks (a collective: every rank calls it)."""
+        s = len(window)
+        vec = torch.cat(
+            [
+                torch.tensor([sum(w.loss for w in window), sum(w.tokens for w in window)], device=self.device),
+                torch.stack([w.step_loss for w in window]).sum(0),
+                torch.stack([w.step_hits for w in window]).sum(0),
+                torch.stack([w.step_labels for w in window]).sum(0),
+            ]
+        ).double()
+        if self.world > 1:
+            dist.all_reduce(vec)
+        k = self.cfg.ttt_steps
+        v = vec.tolist()
+        n = s * self.world
+        hits, labels = v[2 + k : 2 + 2 * k], v[2 + 2 * k :]
+        return {
+            "step": self.step,
+            "epoch": self.pos.epoch,
+            "loss": v[0] / n,
+            "step_loss": [x / n for x in v[2 : 2 + k]],
+            "step_acc": [h / max(1.0, lab) for h, lab in zip(hits, labels, strict=True)],
+            "lr": window[-1].lr,
+            "grad_norm": window[-1].grad_norm,
+            "tokens": int(v[1]),
+            "tokens_per_s": v[1] / dt,
+            "step_time_s": dt / s,
+            "data_wait_frac": waited / dt,
+            "time": time.time(),
+        }
+
+    def _save(self) -> None:
+        if self.rank == 0:
+            state = {
+                "data_position": {"epoch": self.pos.epoch, "rows": self.pos.rows},
+                "world": self.world,
+                "total_steps": self.total_steps,
+                "config": self.cfg.model_dump(mode="json"),
+            }
+            self.checkpoint = save_checkpoint(
+                self.ckpt_dir, self.step, self.model, self.optimizer, self.scheduler, state, self.cfg.keep_checkpoints
+            )
+        else:
+            self.checkpoint = self.ckpt_dir / f"step-{self.step:08d}"
+
+    def close(self) -> None:
+        self.stream.close()

@@ -1,0 +1,162 @@
+"""The draft model: SGLang's key names and shapes, RoPE, and the training-time-test attention pattern."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend, rope_inv_freq, ttt_attention
+
+TARGET = {
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 100,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 4096,
+    "hidden_act": "silu",
+}
+
+
+def tiny(**kw: object) -> tuple[DraftConfig, Eagle3Draft]:
+    torch.manual_seed(0)
+    cfg = DraftConfig.from_target({**TARGET, **kw}, num_aux=3, draft_vocab_size=40)
+    model = Eagle3Draft(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size))
+    ids = torch.randperm(cfg.vocab_size)[:40].sort().values
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    model.set_vocab_map(ids - torch.arange(40), t2d)
+    return cfg, model
+
+
+def packed(lengths: list[int]) -> dict[str, torch.Tensor]:
+    doc = torch.cat([torch.full((t,), d) for d, t in enumerate(lengths)])
+    pos = torch.cat([torch.arange(t) for t in lengths])
+    rem = torch.cat([torch.arange(t - 1, -1, -1) for t in lengths])
+    return {"doc": doc, "positions": pos, "remaining": rem}
+
+
+def test_state_dict_keys_and_shapes_are_what_sglang_llama_eagle3_loads() -> None:
+    _, model = tiny()
+    h, q, kv, i = 32, 4 * 8, 2 * 8, 48
+    expected = {
+        "embed_tokens.weight": (100, h),
+        "fc.weight": (h, 3 * h),
+        "midlayer.hidden_norm.weight": (h,),
+        "midlayer.input_layernorm.weight": (h,),
+        "midlayer.self_attn.q_proj.weight": (q, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q),
+        "midlayer.post_attention_layernorm.weight": (h,),
+        "midlayer.mlp.gate_proj.weight": (i, h),
+        "midlayer.mlp.up_proj.weight": (i, h),
+        "midlayer.mlp.down_proj.weight": (h, i),
+        "norm.weight": (h,),
+        "lm_head.weight": (40, h),
+        "d2t": (40,),
+        "t2d": (100,),
+    }
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == expected
+    assert set(model.trainable_state_dict()) == set(expected) - {"embed_tokens.weight"}
+    assert model.state_dict()["d2t"].dtype == torch.int64 and model.state_dict()["t2d"].dtype == torch.bool
+
+
+def test_the_embedding_is_the_targets_and_frozen() -> None:
+    cfg, model = tiny()
+    weight = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    model.load_embedding(weight)
+    assert torch.equal(model.embed_tokens.weight, weight)
+    assert not model.embed_tokens.weight.requires_grad
+    with pytest.raises(ValueError, match=r"\(100, 32\)"):
+        model.load_embedding(torch.randn(99, 32))
+
+
+def test_forward_returns_draft_vocab_logits_for_each_ttt_step() -> None:
+    _, model = tiny()
+    b = packed([7, 5])
+    ids = torch.randint(0, 100, (12,))
+    logits = model(ids, torch.randn(12, 3, 32), b["positions"], b["remaining"], dense_attend(b["doc"]), 4)
+    assert len(logits) == 4 and all(z.shape == (12, 40) for z in logits)
+    logits[3].sum().backward()
+    assert model.fc.weight.grad is not None and model.embed_tokens.weight.grad is None
+
+
+def test_llama3_rope_scaling_matches_transformers() -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    target = {**TARGET, "hidden_size": 512, "num_attention_heads": 4, "rope_parameters": rope}
+    cfg = DraftConfig.from_target(target, num_aux=3, draft_vocab_size=40)
+    hf = LlamaConfig(hidden_size=512, num_attention_heads=4, rope_parameters=rope, max_position_embeddings=131072)
+    ref, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+    torch.testing.assert_close(rope_inv_freq(cfg), ref.float(), rtol=1e-6, atol=0)
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling is not None and cfg.rope_scaling["factor"] == 8.0
+
+
+def test_unsupported_rope_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="yarn"):
+        DraftConfig.from_target(
+            {**TARGET, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, num_aux=3, draft_vocab_size=40
+        )
+
+
+def test_ttt_attention_equals_softmax_over_concatenated_per_step_keys_with_causal_then_diagonal_mask() -> None:
+    torch.manual_seed(1)
+    n, nh, nkv, hd, steps = 9, 4, 2, 8, 4
+    doc = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1])
+    cache = [(torch.randn(n, nkv, hd), torch.randn(n, nkv, hd)) for _ in range(steps)]
+    q = torch.randn(n, nh, hd)
+    for i in range(steps):
+        got = ttt_attention(q, cache[: i + 1], dense_attend(doc))
+        # reference: keys of steps 0..i laid end to end, SpecForge's mask, one softmax
+        k = torch.cat([c[0] for c in cache[: i + 1]]).repeat_interleave(nh // nkv, 1)  # [(i+1)N, nh, hd]
+        v = torch.cat([c[1] for c in cache[: i + 1]]).repeat_interleave(nh // nkv, 1)
+        kv_step = torch.arange((i + 1) * n) // n
+        kv_pos = torch.arange((i + 1) * n) % n
+        qpos = torch.arange(n)[:, None]
+        allowed = torch.where(kv_step == 0, (kv_pos <= qpos) & (doc[kv_pos] == doc[:, None]), kv_pos == qpos)
+        s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(hd)
+        ref = torch.einsum("hqk,khd->qhd", torch.softmax(s.masked_fill(~allowed, float("-inf")), -1), v)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_step_i_logits_at_t_depend_only_on_tokens_up_to_t_plus_1_plus_i_and_aux_up_to_t() -> None:
+    _, model = tiny()
+    b = packed([10, 6])
+    n, steps = 16, 3
+    torch.manual_seed(2)
+    ids, aux = torch.randint(0, 100, (n,)), torch.randn(n, 3, 32)
+
+    def run(ids: torch.Tensor, aux: torch.Tensor) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return model(ids, aux, b["positions"], b["remaining"], dense_attend(b["doc"]), steps)
+
+    base = run(ids, aux)
+    t = 3
+    for i in range(steps):
+        far = 1 + t + i + 1  # the first token step i at t must not see
+        ids2 = ids.clone()
+        ids2[far:10] = (ids2[far:10] + 1) % 100
+        aux2 = aux.clone()
+        aux2[t + 1 : 10] += 1.0
+        got = run(ids2, aux2)
+        torch.testing.assert_close(got[i][: t + 1], base[i][: t + 1], rtol=0, atol=0)
+        # the other document is untouched by anything in this one
+        torch.testing.assert_close(got[i][10:], base[i][10:], rtol=0, atol=0)
+        # and the step does see its own input token x[t+1+i] (so the check above is not vacuous)
+        ids3 = ids.clone()
+        ids3[t + 1 + i] = (ids3[t + 1 + i] + 1) % 100
+        assert not torch.allclose(run(ids3, aux)[i][t], base[i][t])

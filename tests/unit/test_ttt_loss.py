@@ -1,0 +1,105 @@
+"""Targets and loss of the training-time test: chunking, the soft cross-entropy, alignment, accuracy."""
+
+from __future__ import annotations
+
+import torch
+
+from eagle3.draft.loss import TargetDist, draft_to_target_ids, soft_cross_entropy, target_distribution, ttt_loss
+
+
+def vocab_map(vocab: int, draft: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randperm(vocab, generator=g)[:draft]  # any order: draft index i -> target id ids[i]
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[ids] = True
+    return ids - torch.arange(draft), t2d
+
+
+def test_chunked_target_distribution_equals_the_unchunked_one() -> None:
+    torch.manual_seed(0)
+    n, h, v, vd = 37, 16, 300, 50
+    d2t, t2d = vocab_map(v, vd)
+    last, head = torch.randn(n, h), torch.randn(v, h)
+    full = last @ head.T  # [N, V]: the whole batch at once, the reference only
+    ref = torch.softmax(full[:, draft_to_target_ids(d2t)], -1)
+    for chunk in (1, 8, 37, 64):
+        got = target_distribution(last, head, d2t, t2d, chunk)
+        torch.testing.assert_close(got.probs, ref, rtol=1e-6, atol=1e-7)
+        assert torch.equal(got.argmax, full.argmax(-1))
+        assert torch.equal(got.in_draft, t2d[full.argmax(-1)])
+
+
+def test_soft_cross_entropy_value_and_gradient_match_the_plain_formula() -> None:
+    torch.manual_seed(0)
+    n, m, vd = 11, 14, 23
+    logits = torch.randn(n, vd, dtype=torch.float64, requires_grad=True)
+    probs = torch.softmax(torch.randn(m, vd, dtype=torch.float64), -1)
+    src = torch.randint(0, m, (n,))
+    w = (torch.rand(n) > 0.3).double()
+    got = soft_cross_entropy(logits, probs, src, w, chunk=4)
+    ref_logits = logits.detach().clone().requires_grad_(True)
+    ref = -(w[:, None] * probs[src] * torch.log_softmax(ref_logits, -1)).sum()
+    got.backward()
+    ref.backward()
+    torch.testing.assert_close(got, ref)
+    torch.testing.assert_close(logits.grad, ref_logits.grad)
+
+
+def reference_loss(
+    logits: list[torch.Tensor],
+    probs: torch.Tensor,
+    argmax: torch.Tensor,
+    t2d: torch.Tensor,
+    lengths: list[int],
+    loss_mask: torch.Tensor,
+    decay: float,
+) -> tuple[float, list[float]]:
+    """Document by document, position by position, straight from the alignment rule in loss.py's docstring."""
+    total, per_step = 0.0, []
+    for i, z in enumerate(logits):
+        ce_sum, count, start = 0.0, 0, 0
+        for t_len in lengths:
+            for t in range(t_len):
+                n = start + t
+                if t + 2 + i <= t_len - 1 and loss_mask[n + 2 + i] and t2d[argmax[n + 1 + i]]:
+                    ce_sum += float(-(probs[n + 1 + i] * torch.log_softmax(z[n], -1)).sum())
+                    count += 1
+            start += t_len
+        per_step.append(ce_sum / max(count, 1))
+        total += decay**i * per_step[-1]
+    return total, per_step
+
+
+def test_ttt_loss_pairs_step_i_at_t_with_target_t_plus_1_plus_i_within_the_document_and_the_loss_mask() -> None:
+    torch.manual_seed(0)
+    lengths, vocab, vd, steps = [9, 5, 12, 3], 60, 25, 4
+    n = sum(lengths) + 3  # + padding to the row size
+    d2t, t2d = vocab_map(vocab, vd)
+    remaining = torch.cat([torch.arange(t - 1, -1, -1) for t in lengths] + [torch.zeros(3, dtype=torch.int64)])
+    loss_mask = (torch.rand(n) > 0.3).to(torch.uint8)
+    target = TargetDist(
+        probs=torch.softmax(torch.randn(n, vd), -1),
+        argmax=torch.randint(0, vocab, (n,)),
+        in_draft=torch.zeros(n, dtype=torch.bool),
+    )
+    target.in_draft = t2d[target.argmax]
+    logits = [torch.randn(n, vd) for _ in range(steps)]
+    out = ttt_loss(logits, target, loss_mask, remaining, d2t, decay=0.8, chunk_tokens=5)
+    total, per_step = reference_loss(logits, target.probs, target.argmax, t2d, lengths, loss_mask, 0.8)
+    torch.testing.assert_close(out.step_loss, torch.tensor(per_step), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.total, torch.tensor(total), rtol=1e-5, atol=1e-6)
+
+
+def test_accuracy_maps_the_drafts_argmax_through_d2t_and_counts_non_draft_targets_as_misses() -> None:
+    vocab, vd = 10, 4
+    d2t, t2d = vocab_map(vocab, vd, seed=3)
+    ids = draft_to_target_ids(d2t)
+    outside = int((~t2d).nonzero()[0])
+    n = 6  # one document; step 0 has labels at t = 0..3 (target at 1..4)
+    argmax = torch.tensor([0, int(ids[2]), int(ids[0]), outside, int(ids[3]), 0])
+    target = TargetDist(probs=torch.full((n, vd), 1 / vd), argmax=argmax, in_draft=t2d[argmax])
+    logits = torch.full((n, vd), -5.0)
+    logits[0, 2] = logits[1, 0] = logits[2, 1] = logits[3, 3] = 5.0  # right, right, (outside: miss), right
+    out = ttt_loss([logits], target, torch.ones(n, dtype=torch.uint8), torch.arange(n - 1, -1, -1), d2t, 0.8)
+    assert out.step_labels.tolist() == [4.0]
+    assert out.step_hits.tolist() == [3.0]
