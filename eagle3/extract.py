@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.sample_format import SampleFormatError, encode_sample, record_of, verify_sample, write_sample
 from eagle3.store import DTYPES, PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
 from eagle3.versions import library_versions
+
+#: Called by the writer with the bytes about to be written; raises (eagle3.disk.DiskBudgetError) to stop.
+WriteGuard = Callable[[int], None]
 
 #: run.json fields that must agree before a run may add samples to an existing store.
 RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "aux_layers", "dataset_fingerprint")
@@ -116,9 +120,13 @@ def extract_shard(
     manifest_every_s: float = 30.0,
     writer_threads: int = 2,
     queue_size: int = 8,
+    guard: WriteGuard | None = None,
 ) -> ShardManifest:
     """Fill shard `shard` of the store; returns its final manifest. Finished samples are kept, so a
-    complete shard costs only header checks and never calls the engine."""
+    complete shard costs only header checks and never calls the engine.
+
+    `guard(nbytes)` runs before each sample is written; when it raises (a disk-budget guard) the shard
+    stops: nothing half-written stays, finished samples are kept, the manifest says why."""
     check_engine_matches(engine.info, info)
     samples = store.prepared_samples(shard)
     check_unique_paths(store, shard, samples)
@@ -132,7 +140,9 @@ def extract_shard(
         progress.finish()
         return old
     try:
-        run_engine(store, shard, engine, info, todo, manifest, progress, manifest_every_s, writer_threads, queue_size)
+        run_engine(
+            store, shard, engine, info, todo, manifest, progress, manifest_every_s, writer_threads, queue_size, guard
+        )
     except BaseException as e:
         manifest.status, manifest.log = "failed", f"aborted: {type(e).__name__}: {e}"
         store.write_manifest(manifest)
@@ -203,11 +213,12 @@ def run_engine(
     manifest_every_s: float,
     writer_threads: int,
     queue_size: int,
+    guard: WriteGuard | None = None,
 ) -> None:
     """Engine outcomes -> writer threads -> manifest. The engine's next forward overlaps the writes."""
     if not todo:
         return
-    writer = SampleWriter(store, shard, info, threads=writer_threads, queue_size=queue_size)
+    writer = SampleWriter(store, shard, info, threads=writer_threads, queue_size=queue_size, guard=guard)
     last_write = time.monotonic()
     try:
         for outcome in engine.extract(todo):
@@ -253,8 +264,17 @@ class SampleWriter:
     `submit` or `close` in the caller's thread.
     """
 
-    def __init__(self, store: RunStore, shard: int, info: RunInfo, *, threads: int = 2, queue_size: int = 8):
-        self.store, self.shard, self.info = store, shard, info
+    def __init__(
+        self,
+        store: RunStore,
+        shard: int,
+        info: RunInfo,
+        *,
+        threads: int = 2,
+        queue_size: int = 8,
+        guard: WriteGuard | None = None,
+    ):
+        self.store, self.shard, self.info, self.guard = store, shard, info, guard
         self._todo: queue.Queue[Outcome | None] = queue.Queue(maxsize=queue_size)
         self._done: queue.Queue[Written] = queue.Queue()
         self._error: BaseException | None = None
@@ -326,13 +346,15 @@ class SampleWriter:
 
     def _materialize(self, outcome: Outcome) -> Written:
         if isinstance(outcome, Captured):
-            return Written(outcome.sample, write_captured(self.store, self.shard, self.info, outcome))
+            return Written(outcome.sample, write_captured(self.store, self.shard, self.info, outcome, self.guard))
         if isinstance(outcome, Dumped):
-            return adopt_dump(self.store, self.shard, self.info, outcome)
+            return adopt_dump(self.store, self.shard, self.info, outcome, self.guard)
         raise TypeError(f"writer got {type(outcome).__name__}; expected Captured or Dumped")
 
 
-def write_captured(store: RunStore, shard: int, info: RunInfo, c: Captured) -> SampleEntry:
+def write_captured(
+    store: RunStore, shard: int, info: RunInfo, c: Captured, guard: WriteGuard | None = None
+) -> SampleEntry:
     s = c.sample
     t, k, h = len(s), len(info.aux_layers), info.hidden_size
     dtype = DTYPES[info.dtype]
@@ -345,11 +367,13 @@ def write_captured(store: RunStore, shard: int, info: RunInfo, c: Captured) -> S
     ids = torch.tensor(s.input_ids, dtype=torch.int64)  # [T]
     mask = torch.tensor(s.loss_mask, dtype=torch.uint8)  # [T]
     data = encode_sample(s.sample_id, info.aux_layers, ids, mask, aux, last)
+    if guard is not None:
+        guard(len(data))
     rec = write_sample(store.sample_path(shard, s.sample_id), data)
     return SampleEntry(num_tokens=rec.num_tokens, num_bytes=rec.num_bytes, crc32=rec.crc32)
 
 
-def adopt_dump(store: RunStore, shard: int, info: RunInfo, d: Dumped) -> Written:
+def adopt_dump(store: RunStore, shard: int, info: RunInfo, d: Dumped, guard: WriteGuard | None = None) -> Written:
     """Verify a file another process wrote and move it into the store; a bad one is deleted and reported."""
     s = d.sample
     try:
@@ -364,5 +388,7 @@ def adopt_dump(store: RunStore, shard: int, info: RunInfo, d: Dumped) -> Written
     except SampleFormatError as e:
         d.path.unlink(missing_ok=True)
         return Written(s, None, f"engine dump rejected: {e}")
+    if guard is not None:
+        guard(rec.num_bytes)  # a copy when the dump directory is another filesystem; a rename otherwise
     move_into(d.path, store.sample_path(shard, s.sample_id))
     return Written(s, SampleEntry(num_tokens=rec.num_tokens, num_bytes=rec.num_bytes, crc32=rec.crc32))
