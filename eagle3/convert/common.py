@@ -10,6 +10,8 @@ Layer conventions (docs/formats.md spells them out):
 from __future__ import annotations
 
 import json
+import math
+import mmap
 import os
 import struct
 import tempfile
@@ -178,46 +180,40 @@ def require_run_info(store: Any) -> RunInfo:
 
 # fast tensor I/O ----------------------------------------------------------------------------------
 def read_store_sample(path: Path, info: RunInfo) -> SampleTensors:
-    """A store sample with one copy (file -> buffer; tensors are views of it), after the header check."""
+    """A store sample, after the header check, as tensors over a private memory map of the file.
+
+    No read copy: the pages come from the page cache and are shared until written (ACCESS_COPY, so the
+    tensors are writable and the file is never changed). Used by the exporters, which only read them.
+    """
     check_header(path, num_tokens=None, num_aux=len(info.aux_layers), hidden_size=info.hidden_size,
                  dtype=DTYPES[info.dtype])  # fmt: skip
-    header, n, size = read_header(path)
-    buf = bytearray(size - 8 - n)
+    header, n, _ = read_header(path)
     with open(path, "rb") as f:
-        f.seek(8 + n)
-        f.readinto(buf)
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     out = {}
     for key in KEYS:
         h = header[key]
         dt = ST_DTYPES[h["dtype"]]
         a, b = h["data_offsets"]
-        t = (
-            torch.frombuffer(buf, dtype=dt, offset=a, count=(b - a) // dt.itemsize)
-            if b > a
-            else torch.empty(0, dtype=dt)
-        )
+        count = (b - a) // dt.itemsize
+        t = torch.frombuffer(buf, dtype=dt, offset=8 + n + a, count=count) if count else torch.empty(0, dtype=dt)
         out[key] = t.view(h["shape"])
     return SampleTensors(**out)
 
 
-def write_safetensors(
-    f: IO[bytes], tensors: list[tuple[str, torch.Tensor]], metadata: dict[str, str] | None = None
-) -> int:
-    """Stream tensors into an open file in safetensors layout, in the given order, without a second copy."""
-    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
-    off = 0
-    for name, t in tensors:
-        nbytes = t.numel() * t.element_size()
-        header[name] = {"dtype": ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + nbytes]}
+def safetensors_header(tensors: list[tuple[str, torch.dtype, list[int]]]) -> tuple[bytes, list[int]]:
+    """The 8-byte length + JSON header of a safetensors file holding these tensors back to back, in order,
+    and each tensor's start within the data section."""
+    header: dict[str, Any] = {}
+    starts, off = [], 0
+    for name, dtype, shape in tensors:
+        nbytes = math.prod(shape) * dtype.itemsize
+        header[name] = {"dtype": ST_NAMES[dtype], "shape": shape, "data_offsets": [off, off + nbytes]}
+        starts.append(off)
         off += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
-    f.write(struct.pack("<Q", len(raw)))
-    f.write(raw)
-    for _, t in tensors:
-        if t.numel():
-            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
-    return 8 + len(raw) + off
+    return struct.pack("<Q", len(raw)) + raw, starts
 
 
 def atomic_write_with(path: Path, write: Callable[[IO[bytes]], Any], *, sync_dir: bool = True) -> None:

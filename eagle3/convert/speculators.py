@@ -46,8 +46,8 @@ from eagle3.convert.common import (
     read_sidecar,
     read_store_sample,
     require_run_info,
+    safetensors_header,
     vllm_to_hf,
-    write_safetensors,
 )
 from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards
 from eagle3.convert.stage import VOCAB_FILE
@@ -104,6 +104,28 @@ def hs_path(root: Path, index: int) -> Path:
 
 
 # export -------------------------------------------------------------------------------------------
+def _hs_file(input_ids: torch.Tensor, aux: torch.Tensor, last: torch.Tensor) -> bytearray:
+    """hs_{i}.safetensors bytes: token_ids int64 [T], then hidden_states [T, K+1, H] = aux layers + last.
+
+    token_ids come first, as safetensors orders an I64 + BF16 file (8-byte alignment first). The
+    interleave is one numpy copy into the output buffer (numpy: no intra-op threads to oversubscribe).
+    """
+    t, k, h = aux.shape
+    head, (ids_at, hs_at) = safetensors_header(
+        [("token_ids", torch.int64, [t]), ("hidden_states", aux.dtype, [t, k + 1, h])]
+    )
+    buf = bytearray(len(head) + t * 8 + t * (k + 1) * h * aux.dtype.itemsize)
+    buf[: len(head)] = head
+    base = len(head)
+    np.frombuffer(buf, np.int64, t, base + ids_at)[:] = input_ids.numpy()
+    # bf16 has no numpy dtype: copy the bits through same-width integers
+    as_int, np_int = (torch.int16, np.int16) if aux.dtype.itemsize == 2 else (torch.int32, np.int32)
+    hs = np.frombuffer(buf, np_int, t * (k + 1) * h, base + hs_at).reshape(t, k + 1, h)  # [T, K+1, H]
+    hs[:, :k] = aux.view(as_int).numpy()
+    hs[:, k] = last.view(as_int).numpy()
+    return buf
+
+
 def _write_dataset(out: Path, ids: list[np.ndarray], masks: list[np.ndarray]) -> None:
     """The Arrow dataset through `datasets` itself (what load_from_disk reads), moved into place file by file."""
     import datasets
@@ -162,14 +184,9 @@ def export_speculators(
         dst = hs_path(out, job.index)
         if skip and dst.is_file():
             return ids, mask, (0, 0, 1)
-        t, k, h = s.aux_hidden_states.shape
-        hs = torch.empty(t, k + 1, h, dtype=s.aux_hidden_states.dtype)  # [T, K+1, H]
-        hs[:, :k] = s.aux_hidden_states
-        hs[:, k] = s.last_hidden_state
-        # token_ids first, as safetensors orders an I64 + BF16 file (8-byte alignment first)
-        atomic_write_with(dst, lambda f: write_safetensors(f, [("token_ids", s.input_ids), ("hidden_states", hs)]),
-                          sync_dir=False)  # fmt: skip
-        return ids, mask, (src.stat().st_size, dst.stat().st_size, 0)
+        data = _hs_file(s.input_ids, s.aux_hidden_states, s.last_hidden_state)
+        atomic_write_with(dst, lambda f: f.write(data), sync_dir=False)
+        return ids, mask, (src.stat().st_size, len(data), 0)
 
     ids_all, masks_all, totals = [], [], [0, 0, 0]
     for job, (ids, mask, done) in zip(jobs, ordered_map(one, jobs, workers), strict=True):
