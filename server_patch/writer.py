@@ -1,0 +1,113 @@
+"""The background writer: turns a finished request's chunks into one store-format file.
+
+The forward thread only slices and copies (device -> CPU) and hands the chunks over; encoding,
+fsync and rename happen here, in one daemon thread fed by a bounded queue. A full queue blocks the
+forward thread (back-pressure) rather than dropping data or growing without bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3 import dump_protocol as proto
+from eagle3.fsio import atomic_write_bytes
+from eagle3.sample_format import encode_sample
+
+log = logging.getLogger("eagle3.server_patch")
+
+
+@dataclass
+class Chunk:
+    aux: torch.Tensor  # [n, K*H] on CPU (pinned when the model runs on CUDA)
+    last: torch.Tensor  # [n, H]
+    ready: Any  # a torch.cuda.Event to wait on before reading, or None
+
+
+@dataclass
+class Job:
+    rid: str
+    input_ids: list[int]  # the prompt the server saw
+    chunks: list[Chunk]
+    num_aux: int  # K
+
+
+class DumpWriter:
+    def __init__(self, dump_dir: Path, depth: int = 8):
+        self.dump_dir = Path(dump_dir)
+        self._q: queue.Queue[Job | None] = queue.Queue(maxsize=max(1, depth))
+        self._thread = threading.Thread(target=self._run, name="eagle3-dump-writer", daemon=True)
+        self._thread.start()
+        self.written = 0
+        self.failed = 0
+
+    def submit(self, job: Job) -> None:
+        self._q.put(job)
+
+    def error(self, rid: str, reason: str) -> None:
+        log.warning("eagle3 dump %s failed: %s", rid, reason)
+        self.failed += 1
+        try:
+            proto.write_error(self.dump_dir, rid, reason)
+        except OSError:
+            log.exception("cannot write the error file for %s", rid)
+
+    def close(self, timeout: float = 60.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            try:
+                self._write(job)
+            except Exception as e:  # one bad request must not stop the writer
+                log.exception("eagle3 dump %s", job.rid)
+                self.error(job.rid, f"writer failed: {type(e).__name__}: {e}")
+
+    def _write(self, job: Job) -> None:
+        try:
+            req = proto.read_request(self.dump_dir, job.rid)
+        except FileNotFoundError:
+            self.error(
+                job.rid, f"no request file {proto.request_path(self.dump_dir, job.rid).name} (loss mask, sample id)"
+            )
+            return
+        if req.num_tokens != len(job.input_ids):
+            self.error(
+                job.rid, f"server saw {len(job.input_ids)} prompt tokens, the request file says {req.num_tokens}"
+            )
+            return
+        if len(req.aux_layers) != job.num_aux:
+            self.error(job.rid, f"server captures {job.num_aux} layers, the request file names {req.aux_layers}")
+            return
+        for c in job.chunks:
+            if c.ready is not None:
+                c.ready.synchronize()
+        aux = torch.cat([c.aux for c in job.chunks]) if len(job.chunks) > 1 else job.chunks[0].aux
+        last = torch.cat([c.last for c in job.chunks]) if len(job.chunks) > 1 else job.chunks[0].last
+        t, h = last.shape  # [T, H]
+        if aux.shape != (t, job.num_aux * h) or t != req.num_tokens:
+            self.error(
+                job.rid,
+                f"rows do not add up: aux {tuple(aux.shape)}, last {tuple(last.shape)}, {req.num_tokens} tokens",
+            )
+            return
+        data = encode_sample(
+            req.sample_id,
+            req.aux_layers,
+            torch.tensor(job.input_ids, dtype=torch.int64),
+            torch.tensor(req.loss_mask, dtype=torch.uint8),
+            aux.view(t, job.num_aux, h),  # [T, K, H]: SGLang concatenates the K layers on the last dim
+            last,
+        )
+        atomic_write_bytes(proto.dump_path(self.dump_dir, job.rid), data)
+        self.written += 1
