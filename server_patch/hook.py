@@ -49,7 +49,7 @@ class _State:
         self.depth = depth
         self.writer: DumpWriter | None = None  # started on the writing rank only
         self.stitcher = Stitcher()
-        self.num_aux = 0
+        self.layers: list[int] = []
         self.writes = False
         self.prompts: dict[str, list[int]] = {}
 
@@ -119,7 +119,7 @@ def _after_init(result: Any, worker: Any, *args: Any, **kwargs: Any) -> None:
     elif ranks.get("attn_cp_size", 1) > 1 or ranks.get("pp_size", 1) > 1:
         problem = f"unsupported parallel layout {ranks} (attention context parallel / pipeline parallel)"
     st.writes = problem is None and ranks.get("attn_tp_rank", 0) == 0
-    st.num_aux = len(layers or [])
+    st.layers = list(layers or [])
     status.update(writes=st.writes, problem=problem)
     if problem:
         log.error("eagle3 hook: %s", problem)
@@ -228,4 +228,4 @@ def _capture(st: _State, plan: Any, result: Any) -> None:
             elif isinstance(outcome, Complete):
                 prompt = st.prompts.pop(outcome.rid, [])
                 assert st.writer is not None
-                st.writer.submit(Job(outcome.rid, prompt, outcome.chunks, st.num_aux))
+                st.writer.submit(Job(outcome.rid, prompt, outcome.chunks, st.layers))

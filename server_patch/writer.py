@@ -35,7 +35,7 @@ class Job:
     rid: str
     input_ids: list[int]  # the prompt the server saw
     chunks: list[Chunk]
-    num_aux: int  # K
+    layers: list[int]  # what SGLang captures (internal indices = HF hidden_states indices)
 
 
 class DumpWriter:
@@ -86,16 +86,17 @@ class DumpWriter:
                 job.rid, f"server saw {len(job.input_ids)} prompt tokens, the request file says {req.num_tokens}"
             )
             return
-        if len(req.aux_layers) != job.num_aux:
-            self.error(job.rid, f"server captures {job.num_aux} layers, the request file names {req.aux_layers}")
+        if req.aux_layers != job.layers:
+            self.error(job.rid, f"server captures HF layers {job.layers}, the request file asks for {req.aux_layers}")
             return
+        k = len(job.layers)
         for c in job.chunks:
             if c.ready is not None:
                 c.ready.synchronize()
         aux = torch.cat([c.aux for c in job.chunks]) if len(job.chunks) > 1 else job.chunks[0].aux
         last = torch.cat([c.last for c in job.chunks]) if len(job.chunks) > 1 else job.chunks[0].last
         t, h = last.shape  # [T, H]
-        if aux.shape != (t, job.num_aux * h) or t != req.num_tokens:
+        if aux.shape != (t, k * h) or t != req.num_tokens:
             self.error(
                 job.rid,
                 f"rows do not add up: aux {tuple(aux.shape)}, last {tuple(last.shape)}, {req.num_tokens} tokens",
@@ -106,7 +107,7 @@ class DumpWriter:
             req.aux_layers,
             torch.tensor(job.input_ids, dtype=torch.int64),
             torch.tensor(req.loss_mask, dtype=torch.uint8),
-            aux.view(t, job.num_aux, h),  # [T, K, H]: SGLang concatenates the K layers on the last dim
+            aux.view(t, k, h),  # [T, K, H]: SGLang concatenates the K layers on the last dim
             last,
         )
         atomic_write_bytes(proto.dump_path(self.dump_dir, job.rid), data)
