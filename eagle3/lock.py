@@ -1,0 +1,325 @@
+"""One writer per run directory: `with RunLock(run_dir): ...`.
+
+    <run_dir>/.lock        exists while a run holds the directory; JSON owner {host, pid, started_at, token, ...}
+    <run_dir>/.lock.break  never removed; flock'd while a stale lock is being taken over
+
+Design (docs/operations.md, "Two runs on one run directory"):
+* Acquire = create `.lock` exclusively. The owner JSON is written and fsynced to a temporary file first and
+  hard-linked to `.lock` (link fails if `.lock` exists, atomically, also on NFS), so a `.lock` that exists
+  is always complete. Where hard links are not supported, O_CREAT|O_EXCL is used instead.
+* The holder keeps `flock(LOCK_EX)` on `.lock` for as long as it holds it. The kernel drops that lock when
+  the process dies, however it dies, so on one host a contender tells a live holder from a dead one exactly:
+  if it can take the flock, nobody holds it (pid reuse cannot fool this, unlike a pid check).
+* The holder touches `.lock` every `heartbeat_s` seconds. A lock from another host (shared storage, where
+  flock may not reach) is stale once its mtime is older than `ttl_s`; clocks must roughly agree (NTP).
+* Takeover of a stale lock happens under flock on `.lock.break`: re-read `.lock`, and only if it is still the
+  same owner (token) and still stale, remove it; then create `.lock` exclusively like anyone else. Two takers
+  are serialised, and the second finds a different token and judges afresh, so two can never both win.
+* The heartbeat also checks that `.lock` still holds this owner's token; if not (taken over after a long
+  stall), `check()` raises RunLockLostError so the holder stops writing.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+
+from eagle3.fsio import fsync_dir
+
+LOCK_NAME = ".lock"
+BREAK_NAME = ".lock.break"
+DEFAULT_TTL_S = 600.0
+DEFAULT_HEARTBEAT_S = 30.0
+_NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL}
+
+
+@dataclass(frozen=True)
+class LockOwner:
+    host: str
+    pid: int
+    started_at: str  # ISO time, UTC
+    token: str  # random; tells two holders apart even with one host and pid
+    purpose: str  # "extract", "verify", "retry", ...
+    flow_run_id: str | None = None
+
+    def describe(self) -> str:
+        run = f", flow run {self.flow_run_id}" if self.flow_run_id else ""
+        return f"pid {self.pid} on host {self.host} ({self.purpose}{run}) since {self.started_at}"
+
+
+@dataclass(frozen=True)
+class LockState:
+    """What `.lock` says about who holds a run directory (for `eagle3 status`)."""
+
+    owner: LockOwner | None  # None: the file is unreadable (being created, or damaged)
+    heartbeat_age_s: float
+    stale: str | None  # why the lock is stale, or None when its holder is alive
+
+    def describe(self) -> str:
+        who = self.owner.describe() if self.owner else "an unknown owner (unreadable lock file)"
+        state = f"stale: {self.stale}" if self.stale else "alive"
+        return f"{who}; last heartbeat {self.heartbeat_age_s:.0f} s ago; {state}"
+
+
+class RunLockedError(RuntimeError):
+    """Another live run holds the run directory."""
+
+    def __init__(self, path: Path, state: LockState, ttl_s: float):
+        self.path, self.state = path, state
+        super().__init__(
+            f"{path.parent} is in use: locked by {state.describe()}. Two runs writing one store would race on "
+            "its manifests; wait for that run to finish, or stop it (`eagle3 status RUN_DIR` shows the holder). "
+            f"A lock left by a killed run is taken over automatically: at once on the same host, after {ttl_s:.0f} s "
+            f"without a heartbeat from another host. If you are sure no run uses the directory, delete {path}."
+        )
+
+
+class RunLockLostError(RuntimeError):
+    """This process held the lock, but `.lock` now names another owner (it was judged stale and taken over)."""
+
+
+def _hostname() -> str:
+    return socket.gethostname()
+
+
+def _now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _try_flock(fd: int) -> bool | None:
+    """True: took the exclusive flock; False: someone holds it; None: this filesystem has no flock."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno in _NO_FLOCK:
+            return None
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_owner(path: Path) -> LockOwner | None:
+    """The owner recorded in a lock file; None when it is unreadable. Raises FileNotFoundError when absent."""
+    try:
+        return LockOwner(**json.loads(Path(path).read_text()))
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
+        return None
+
+
+def judge(path: Path, ttl_s: float = DEFAULT_TTL_S, host: str | None = None) -> LockState:
+    """Is the lock at `path` held by a live process? Raises FileNotFoundError when there is no lock."""
+    owner = read_owner(path)
+    age = max(0.0, time.time() - path.stat().st_mtime)
+    here = host or _hostname()
+    stale: str | None = None
+    if owner is not None and owner.host == here:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            free = _try_flock(fd)
+        finally:
+            os.close(fd)  # also drops the test lock
+        if free is True:
+            stale = f"no live process holds it (pid {owner.pid} is {'alive' if _pid_alive(owner.pid) else 'gone'})"
+        elif free is None and not _pid_alive(owner.pid):
+            stale = f"pid {owner.pid} is gone"
+    elif age > ttl_s:
+        stale = f"no heartbeat for {age:.0f} s (lock TTL {ttl_s:.0f} s)"
+    return LockState(owner, age, stale)
+
+
+def lock_state(run_dir: str | Path, ttl_s: float = DEFAULT_TTL_S) -> LockState | None:
+    """Who holds `run_dir`, or None when nobody does."""
+    try:
+        return judge(Path(run_dir) / LOCK_NAME, ttl_s)
+    except FileNotFoundError:
+        return None
+
+
+class RunLock:
+    """Exclusive hold on a run directory for one process. Use as a context manager, or acquire()/release()."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        purpose: str = "extract",
+        flow_run_id: str | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        host: str | None = None,
+    ):
+        if heartbeat_s * 3 > ttl_s:
+            raise ValueError(f"heartbeat_s={heartbeat_s} must be at most a third of ttl_s={ttl_s}")
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.ttl_s, self.heartbeat_s = ttl_s, heartbeat_s
+        self.owner = LockOwner(
+            host=host or _hostname(),
+            pid=os.getpid(),
+            started_at=_now_iso(),
+            token=secrets.token_hex(8),
+            purpose=purpose,
+            flow_run_id=flow_run_id,
+        )
+        self.took_over: LockState | None = None  # the stale lock this one replaced, if any
+        self.lost: str | None = None
+        self._fd: int | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # context manager ----------------------------------------------------------------------
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> RunLock:
+        if self.held:
+            raise RuntimeError(f"{self.path}: this RunLock is already held")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(5):
+            if self._create():
+                self._start_heartbeat()
+                return self
+            try:
+                state = judge(self.path, self.ttl_s, self.owner.host)
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            if state.stale is None:
+                raise RunLockedError(self.path, state, self.ttl_s)
+            self._break(state)
+        raise RunLockedError(self.path, lock_state(self.run_dir, self.ttl_s) or LockState(None, 0.0, None), self.ttl_s)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+            self._beat = None
+        if self._fd is None:
+            return
+        try:
+            if self._still_mine():
+                self.path.unlink()
+                fsync_dir(self.run_dir)
+        finally:
+            os.close(self._fd)  # drops the flock
+            self._fd = None
+
+    def check(self) -> None:
+        """Raise RunLockLostError if another process took this lock over (call between units of work)."""
+        if self.lost is not None:
+            raise RunLockLostError(f"{self.path}: this run no longer holds the run directory: {self.lost}")
+
+    # internals ----------------------------------------------------------------------------
+    def _create(self) -> bool:
+        """Create `.lock` holding our owner JSON, exclusively. False when it exists."""
+        data = (json.dumps(asdict(self.owner)) + "\n").encode()
+        tmp = self.run_dir / f".lock.{self.owner.token}.tmp"
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        linked = False
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+            _try_flock(fd)  # held before the name appears: a contender never sees an unlocked live lock
+            try:
+                os.link(tmp, self.path)
+                linked = True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in _NO_LINK:
+                    raise
+        finally:
+            tmp.unlink(missing_ok=True)
+            if not linked:
+                os.close(fd)
+        if not linked:
+            return self._create_excl(data)
+        self._fd = fd
+        fsync_dir(self.run_dir)
+        return True
+
+    def _create_excl(self, data: bytes) -> bool:
+        """Fallback for filesystems without hard links. A reader may briefly see an empty file."""
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+        except FileExistsError:
+            return False
+        _try_flock(fd)
+        os.write(fd, data)
+        os.fsync(fd)
+        self._fd = fd
+        fsync_dir(self.run_dir)
+        return True
+
+    def _break(self, state: LockState) -> None:
+        """Remove the stale lock described by `state`, unless it changed meanwhile (then the caller re-judges)."""
+        fd = os.open(self.run_dir / BREAK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            deadline = time.monotonic() + 30.0
+            while _try_flock(fd) is False:  # None (no flock here): go on without; the token check still holds
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.run_dir / BREAK_NAME}: another process is taking over the lock")
+                time.sleep(0.05)
+            try:
+                now = judge(self.path, self.ttl_s, self.owner.host)
+            except FileNotFoundError:
+                return
+            same = (now.owner is None and state.owner is None) or (
+                now.owner is not None and state.owner is not None and now.owner.token == state.owner.token
+            )
+            if same and now.stale is not None:
+                self.path.unlink()
+                fsync_dir(self.run_dir)
+                self.took_over = now
+        finally:
+            os.close(fd)
+
+    def _still_mine(self) -> bool:
+        try:
+            owner = read_owner(self.path)
+        except FileNotFoundError:
+            return False
+        return owner is not None and owner.token == self.owner.token
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="run-lock-heartbeat")
+        self._beat.start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                if not self._still_mine():
+                    state = lock_state(self.run_dir, self.ttl_s)
+                    self.lost = f"now held by {state.describe()}" if state else f"{self.path} was removed"
+                    return
+                os.utime(self.path)
+            except OSError:  # a storage hiccup: keep trying; the TTL is several heartbeats long
+                continue
