@@ -4,13 +4,14 @@
 
 Builds a synthetic store (bf16, K=3) in DIR (default: a temporary directory under data/bench, same disk as
 the store would be), reads it once to warm the page cache, then times every operation once per round,
-rounds interleaved, best of `--rounds` kept:
+rounds interleaved with the order rotated, best of `--rounds` kept:
   copy        every sample file read and written to a new directory, fsync + rename per file (the same
               durability the exporters give), on the same number of threads: the baseline of "vs copy"
   plain copy  shutil.copyfile per file, no fsync (what `cp` does; data may still be in the page cache)
   specforge   export_specforge (torch.save .ckpt per sample)
   speculators export_speculators (hs_{i}.safetensors per sample + the Arrow dataset)
   import-*    the way back into a new store (for information; the target is on export)
+  convert     the convert stage: vocab map + index (reads only input_ids and loss_mask)
 GB/s = bytes of the store's sample files / seconds, so every row moves the same data. Prints a markdown table.
 """
 
@@ -32,8 +33,16 @@ sys.path.insert(0, str(REPO / "tests" / "unit"))
 
 from convert_fixtures import make_store  # noqa: E402
 
-from eagle3.convert import export_specforge, export_speculators, import_specforge, import_speculators  # noqa: E402
+from eagle3.config import PipelineConfig  # noqa: E402
+from eagle3.convert import (  # noqa: E402
+    convert,
+    export_specforge,
+    export_speculators,
+    import_specforge,
+    import_speculators,
+)
 from eagle3.convert.common import atomic_write_with, ordered_map  # noqa: E402
+from eagle3.convert.stage import CONVERT_FILE, INDEX_FILE, VOCAB_FILE  # noqa: E402
 from eagle3.store import RunStore  # noqa: E402
 
 COPY = "copy (read + write + fsync per file)"
@@ -57,16 +66,30 @@ def plain_copy(files: list[Path], out: Path, workers: int) -> None:
         pass
 
 
-def best_times(ops: dict[str, tuple[Callable[[], object], Path]], rounds: int) -> dict[str, float]:
-    """Every op once per round, rounds interleaved (a noisy neighbour hits all ops alike); best time kept."""
+def remove(*paths: Path) -> Callable[[], None]:
+    def clean() -> None:
+        for p in paths:
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+
+    return clean
+
+
+def best_times(ops: dict[str, tuple[Callable[[], object], Callable[[], None]]], rounds: int) -> dict[str, float]:
+    """Every op once per round, rounds interleaved and the order rotated each round (a noisy neighbour, or the
+    write-back of the previous op's files, hits all ops alike); best time kept."""
     best = dict.fromkeys(ops, float("inf"))
-    for _ in range(rounds):
-        for name, (fn, out) in ops.items():
-            shutil.rmtree(out, ignore_errors=True)
+    names = list(ops)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn, clean = ops[name]
+            clean()
             t0 = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - t0)
-            shutil.rmtree(out, ignore_errors=True)
+            clean()
     return best
 
 
@@ -92,16 +115,19 @@ def main() -> None:
         w = args.workers
         export_specforge(store, work / "sf0", workers=w)  # sources for the import rows; warms imports
         export_speculators(store, work / "spec0", workers=w)
-        ops: dict[str, tuple[Callable[[], object], Path]] = {
-            COPY: (lambda: copy_files(files, work / "copy", w), work / "copy"),
-            "plain copy (shutil.copyfile, no fsync)": (lambda: plain_copy(files, work / "cp", w), work / "cp"),
-            "export SpecForge (.ckpt)": (lambda: export_specforge(store, work / "sf", workers=w), work / "sf"),
+        cfg = PipelineConfig.model_validate({"run_dir": str(store.root)})
+        outputs = [store.root / n for n in (VOCAB_FILE, INDEX_FILE, CONVERT_FILE)]
+        ops: dict[str, tuple[Callable[[], object], Callable[[], None]]] = {
+            COPY: (lambda: copy_files(files, work / "copy", w), remove(work / "copy")),
+            "plain copy (shutil.copyfile, no fsync)": (lambda: plain_copy(files, work / "cp", w), remove(work / "cp")),
+            "export SpecForge (.ckpt)": (lambda: export_specforge(store, work / "sf", workers=w), remove(work / "sf")),
             "export speculators (safetensors + Arrow)": (
-                lambda: export_speculators(store, work / "spec", workers=w), work / "spec"),
+                lambda: export_speculators(store, work / "spec", workers=w), remove(work / "spec")),
             "import SpecForge -> store": (
-                lambda: import_specforge(work / "sf0", RunStore(work / "b1"), workers=w), work / "b1"),
+                lambda: import_specforge(work / "sf0", RunStore(work / "b1"), workers=w), remove(work / "b1")),
             "import speculators -> store": (
-                lambda: import_speculators(work / "spec0", RunStore(work / "b2"), workers=w), work / "b2"),
+                lambda: import_speculators(work / "spec0", RunStore(work / "b2"), workers=w), remove(work / "b2")),
+            "convert stage (vocab map + index)": (lambda: convert(cfg, store, workers=w), remove(*outputs)),
         }  # fmt: skip
         rows = best_times(ops, args.rounds)
     finally:
