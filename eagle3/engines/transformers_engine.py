@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,7 @@ class TransformersEngine:
             engine_layer_convention=CONVENTION,
         )
         self._model: Any = None
+        self._copy_stream: torch.cuda.Stream | None = None
 
     @property
     def loaded(self) -> bool:
@@ -127,40 +129,28 @@ class TransformersEngine:
                 yield Failed(s, reason)
             else:
                 good.append(s)
+        pending: InFlight | None = None  # one batch's copy overlaps the next batch's forward
         for batch in length_batches(good, self.batch_tokens):
-            yield from self._run_batch(batch)
+            try:
+                current = self.launch(batch)
+            except torch.OutOfMemoryError:
+                if pending is not None:
+                    yield from pending.outcomes()
+                    pending = None
+                yield from self._retry_alone(batch)
+                continue
+            if pending is not None:
+                yield from pending.outcomes()
+            pending = current
+        if pending is not None:
+            yield from pending.outcomes()
 
     def close(self) -> None:
         self._model = None  # the per-process cache keeps the weights for the next shard
 
-    # -------------------------------------------------------------------------------------
-    def _invalid(self, s: PreparedSample) -> str | None:
-        if len(s) == 0:
-            return "empty sample (0 tokens)"
-        lo, hi = min(s.input_ids), max(s.input_ids)
-        if lo < 0 or hi >= self.vocab_size:
-            return f"token id out of range [0, {self.vocab_size}): min {lo}, max {hi}"
-        return None
-
-    def _run_batch(self, batch: list[PreparedSample]) -> Iterator[Outcome]:
-        try:
-            aux, last = self.forward(batch)  # [B, S, K, H], [B, S, H] on CPU
-        except torch.OutOfMemoryError:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(batch) > 1:  # retry one at a time before giving up on anyone
-                for s in batch:
-                    yield from self._run_batch([s])
-                return
-            yield Failed(batch[0], f"out of memory at {len(batch[0])} tokens on {self.device}")
-            return
-        for b, s in enumerate(batch):
-            t = len(s)
-            yield Captured(s, aux[b, :t], last[b, :t])  # unpadded views: [T, K, H], [T, H]
-
     @torch.inference_mode()
-    def forward(self, batch: Sequence[PreparedSample]) -> tuple[torch.Tensor, torch.Tensor]:
-        """aux [B, S, K, H] and last [B, S, H] on CPU in the model dtype (rows past each length are padding)."""
+    def launch(self, batch: Sequence[PreparedSample]) -> InFlight:
+        """Run one padded batch; its states arrive on the CPU when `InFlight.outcomes` is read."""
         ids, mask = pad_right(batch)  # [B, S]
         out = self.base_model()(
             input_ids=ids.to(self.device),
@@ -170,4 +160,66 @@ class TransformersEngine:
         )
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
-        return aux.to("cpu"), out.last_hidden_state.to("cpu")
+        last = out.last_hidden_state  # [B, S, H]
+        if self.device.type != "cuda":
+            return InFlight(list(batch), aux.to("cpu"), last.to("cpu"), None)
+        return self._copy_to_host(list(batch), aux, last)
+
+    # -------------------------------------------------------------------------------------
+    def _copy_to_host(self, batch: list[PreparedSample], aux: torch.Tensor, last: torch.Tensor) -> InFlight:
+        """Device -> pinned host copies on a side stream, so they overlap the next batch's forward."""
+        if self._copy_stream is None:
+            self._copy_stream = torch.cuda.Stream(self.device)
+        stream = self._copy_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
+            last_host = torch.empty(last.shape, dtype=last.dtype, pin_memory=True)
+            aux_host.copy_(aux, non_blocking=True)
+            last_host.copy_(last, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(stream)
+        aux.record_stream(stream)  # keep the allocator from reusing them before the copy is done
+        last.record_stream(stream)
+        return InFlight(batch, aux_host, last_host, ready)
+
+    def _retry_alone(self, batch: list[PreparedSample]) -> Iterator[Outcome]:
+        """After an out-of-memory batch: each sample on its own; one that still does not fit fails."""
+        for s in batch:
+            self._free_device_cache()
+            try:
+                one = self.launch([s])
+            except torch.OutOfMemoryError:
+                yield Failed(s, f"out of memory at {len(s)} tokens on {self.device}; lower server.batch_tokens "
+                                "or data.max_length")  # fmt: skip
+                continue
+            yield from one.outcomes()
+
+    def _free_device_cache(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _invalid(self, s: PreparedSample) -> str | None:
+        if len(s) == 0:
+            return "empty sample (0 tokens)"
+        lo, hi = min(s.input_ids), max(s.input_ids)
+        if lo < 0 or hi >= self.vocab_size:
+            return f"token id out of range [0, {self.vocab_size}): min {lo}, max {hi}"
+        return None
+
+
+@dataclass
+class InFlight:
+    """A batch whose states are on their way to host memory."""
+
+    batch: list[PreparedSample]
+    aux: torch.Tensor  # [B, S, K, H] on CPU (pinned on CUDA)
+    last: torch.Tensor  # [B, S, H]
+    ready: torch.cuda.Event | None  # set when the device -> host copy is done (None: already there)
+
+    def outcomes(self) -> Iterator[Outcome]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        for b, s in enumerate(self.batch):
+            t = len(s)
+            yield Captured(s, self.aux[b, :t], self.last[b, :t])  # unpadded views: [T, K, H], [T, H]
