@@ -208,7 +208,7 @@ class FlexAttend:
             return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
 
         n = len(doc)
-        block_mask = self._fa.create_block_mask(same_doc_causal, None, None, n, n, device=doc.device)
+        block_mask = self._fa.create_block_mask(same_doc_causal, None, None, n, n, device=doc.device, _compile=True)
 
         def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
             qb, kb, vb = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, N, hd]

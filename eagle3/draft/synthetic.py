@@ -100,10 +100,14 @@ def write_run(run_dir: Path, model_dir: Path, spec: SyntheticSpec, device: str =
 
     def sample(j: int, t: int) -> bytes:
         gj = torch.Generator().manual_seed(spec.seed * 7919 + j)
-        ids = [int(used[torch.randint(len(used), (1,), generator=gj)])]
-        for _ in range(t - 1):
-            jump = torch.rand((), generator=gj) < 0.1
-            ids.append(int(used[torch.randint(len(used), (1,), generator=gj)]) if jump else successor[ids[-1]])
+        draws = used[torch.randint(len(used), (t,), generator=gj)].tolist()
+        ids = draws[:1]
+        if spec.learnable:  # mostly follow the successor rule, sometimes jump
+            jumps = (torch.rand(t, generator=gj) < 0.1).tolist()
+            for d, jump in zip(draws[1:], jumps[1:], strict=True):
+                ids.append(d if jump else successor[ids[-1]])
+        else:
+            ids = draws
         x = torch.tensor(ids)
         loss_mask = (torch.arange(t) >= t // 4).to(torch.uint8)  # a "prompt" quarter without loss
         if spec.learnable:

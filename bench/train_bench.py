@@ -1,0 +1,260 @@
+"""Trainer throughput on a Llama-3.1-8B-shaped EAGLE-3 draft, over a synthetic store in the exact store format.
+
+    python bench/train_bench.py make --root R [--samples 128]                  # store + target model, once
+    torchrun --nproc_per_node N bench/train_bench.py run --root R [--steps 20]  # on 1..N GPUs
+    python bench/train_bench.py check                                          # flex vs dense attention
+
+`run` times, in one process per GPU (one compile): (1) `memory`: the same few batches already on the GPU,
+the step alone; (2) `disk`: the trainer's own loader (memory-mapped sample files, background threads, side
+stream copy) after evicting the store from the page cache. It prints one JSON line per mode (rank 0) with
+tokens/s per GPU, MFU, the data loader's share of step time, and peak memory.
+
+MFU = model FLOPs per token x tokens/s / peak, peak = 989 TFLOP/s (H200 dense bf16 datasheet). Model FLOPs
+per token (documents of T tokens, k TTT steps, K aux layers, H hidden, I MLP, nh/nkv heads of hd, Vd draft
+and V target vocabulary), forward x 3 for forward + backward, no recomputation counted:
+    3 * [2*K*H*H  +  k * (2*(2H*(nh+2*nkv)*hd + nh*hd*H + 3*H*I + H*Vd) + 4*nh*hd*(T+1)/2)]  +  2*H*V
+the last term being the frozen target lm_head (forward only) that gives the target distribution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from eagle3.config import TrainConfig
+from eagle3.draft.synthetic import SyntheticSpec, write_run
+from eagle3.train import Trainer, TrainJob
+
+PEAK_BF16 = 989e12
+LLAMA_8B = {
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_heads": 32,
+    "num_kv_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "draft_vocab_size": 32000,
+    "num_layers": 32,
+    "aux_layers": (2, 16, 29),
+    "rope": {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+}
+
+
+def flops_per_token(
+    h: int, i: int, nh: int, nkv: int, hd: int, k_aux: int, vd: int, v: int, steps: int, t: int
+) -> float:
+    per_step = 2 * (2 * h * (nh + 2 * nkv) * hd + nh * hd * h + 3 * h * i + h * vd) + 4 * nh * hd * (t + 1) / 2
+    return 3 * (2 * k_aux * h * h + steps * per_step) + 2 * h * v
+
+
+def shape(args: argparse.Namespace) -> dict[str, Any]:
+    """The Llama-3.1-8B draft, or (--tiny) a CPU-sized stand-in that exercises the same code."""
+    if not args.tiny:
+        return LLAMA_8B
+    return {
+        **LLAMA_8B,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "draft_vocab_size": 128,
+    }
+
+
+def make(args: argparse.Namespace) -> None:
+    spec = SyntheticSpec(**shape(args), lengths=(args.seq,) * args.samples, learnable=False)
+    t0 = time.perf_counter()
+    write_run(Path(args.root) / "store", Path(args.root) / "target", spec, device=args.device, threads=16)
+    print(json.dumps({"made": args.root, "samples": args.samples, "seq": args.seq, "s": time.perf_counter() - t0}))
+
+
+def evict(paths: list[Path]) -> None:
+    """Drop the store's files from the page cache, so `disk` reads them from the device."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int) -> dict[str, Any]:
+    times, tokens = [], []
+    wait0 = trainer.stream.wait_s
+    t_start = 0.0
+    for n, batch in enumerate(batches):
+        if n == warmup:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wait0, t_start = trainer.stream.wait_s, time.perf_counter()
+        t0 = time.perf_counter()
+        out = trainer.train_step(batch)  # ends in a device sync (loss and grad norm to the host)
+        times.append(time.perf_counter() - t0)
+        tokens.append(out.tokens)
+        if n + 1 == warmup + steps:
+            break
+    wall = time.perf_counter() - t_start
+    return {
+        "step_s_median": statistics.median(times[warmup:]),
+        "wall_s": wall,
+        "steps": steps,
+        "tokens_per_step": statistics.mean(tokens[warmup:]),
+        "tokens_per_s": sum(tokens[warmup:]) / wall,
+        "data_wait_s": trainer.stream.wait_s - wait0,
+        "first_step_s": times[0],
+    }
+
+
+def run(args: argparse.Namespace) -> None:
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+    if world > 1:
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    root = Path(args.root)
+    cfg = TrainConfig(
+        batch_tokens=args.batch_tokens,
+        ttt_steps=args.ttt_steps,
+        draft_vocab_size=shape(args)["draft_vocab_size"],
+        max_steps=10_000,
+        log_every=10_000,
+        checkpoint_every=10_000,
+        warmup_steps=10,
+        compile=args.compile,
+        target_chunk_tokens=args.chunk,
+        loader_threads=args.threads,
+        prefetch_batches=args.prefetch,
+    )
+    job = TrainJob(
+        train=cfg,
+        run_dir=str(root / "store"),
+        model_dir=str(root / "target"),
+        out_dir=str(root / f"out-{world}"),
+        device=args.device,
+    )
+    trainer = Trainer.build(job, rank=rank, world=world, local_rank=local)
+    d = trainer.model.cfg
+    fpt = flops_per_token(
+        d.hidden_size,
+        d.intermediate_size,
+        d.num_heads,
+        d.num_kv_heads,
+        d.head_dim,
+        d.num_aux,
+        d.draft_vocab_size,
+        d.vocab_size,
+        args.ttt_steps,
+        args.seq,
+    )
+    results = {}
+    try:
+        for mode in args.modes.split(","):
+            if mode == "memory":
+                it = trainer.stream.iterate(trainer.pos)
+                cached = [next(it)[1] for _ in range(4)]
+                batches: Any = (cached[n % 4] for n in range(10**9))
+            else:
+                if rank == 0:
+                    evict([s.path for s in trainer.stream.samples])
+                if world > 1:
+                    dist.barrier()
+                batches = (b for _, b in trainer.stream.iterate(trainer.pos))
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            r = timed_steps(trainer, batches, args.steps, args.warmup)
+            r.update(
+                mode=mode,
+                gpus=world,
+                batch_tokens=args.batch_tokens,
+                compile=args.compile,
+                flops_per_token=fpt,
+                mfu=fpt * r["tokens_per_s"] / PEAK_BF16,
+                peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+                data_wait_frac=r["data_wait_s"] / r["wall_s"],
+            )
+            if world > 1:
+                t = torch.tensor([r["tokens_per_s"]], device=trainer.device)
+                dist.all_reduce(t)
+                r["tokens_per_s_all_gpus"] = float(t)
+            results[mode] = r
+            if rank == 0:
+                print(json.dumps(r), flush=True)
+    finally:
+        trainer.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0 and args.out:
+        Path(args.out).write_text(json.dumps(results, indent=2))
+
+
+def check(args: argparse.Namespace) -> None:
+    """FlexAttention (compiled, with logsumexp gradients) against the dense reference, forward and backward."""
+    from eagle3.draft.model import FlexAttend, dense_attend, ttt_attention
+
+    torch.manual_seed(0)
+    n, nh, nkv, hd = 1024, 8, 2, 64
+    doc = torch.repeat_interleave(torch.arange(4, device="cuda"), torch.tensor([300, 200, 400, 124], device="cuda"))
+    flex = FlexAttend()
+    for steps in (1, 3):
+        q = torch.randn(n, nh, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        cache = [
+            (
+                torch.randn(n, nkv, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+                torch.randn(n, nkv, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True),
+            )
+            for _ in range(steps)
+        ]
+        grads = []
+        for attend in (flex(doc), dense_attend(doc)):
+            out = ttt_attention(q, cache, attend)
+            g = torch.autograd.grad((out.float() ** 2).sum(), [q, *[t for kv in cache for t in kv]])
+            grads.append((out.float(), [x.float() for x in g]))
+        (o1, g1), (o2, g2) = grads
+        rel = [float((a - b).norm() / b.norm()) for a, b in zip([o1, *g1], [o2, *g2], strict=True)]
+        print(json.dumps({"check": "flex_vs_dense", "steps": steps, "max_rel_err": max(rel), "rel": rel}), flush=True)
+        assert max(rel) < 2e-2, rel
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("cmd", choices=["make", "run", "check"])
+    ap.add_argument("--root", default="/tmp/eagle3-bench")
+    ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--batch-tokens", type=int, default=16384)
+    ap.add_argument("--ttt-steps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--prefetch", type=int, default=4)
+    ap.add_argument("--modes", default="memory,disk")
+    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    {"make": make, "run": run, "check": check}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""torchrun entry of the trainer: `torchrun --nproc_per_node N -m eagle3.train_worker <job.json>`.
+
+Parses the job file (a validated TrainJob), reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK (the only
+environment it reads; MASTER_ADDR/PORT are read by torch's env:// rendezvous), joins the process group
+(nccl on CUDA, gloo on CPU), trains, and leaves the group even on failure. Rank 0 prints progress lines and,
+last, one JSON line with the result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from eagle3.progress import Progress
+from eagle3.train import Trainer, read_job, resolve_device
+
+
+def _print_progress(p: Progress) -> None:
+    print(p.describe(), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: torchrun --nproc_per_node N -m eagle3.train_worker <job.json>", file=sys.stderr)
+        return 2
+    job = read_job(Path(args[0]))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = resolve_device(job.device, local_rank)
+    if world > 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=30))
+    try:
+        with Trainer.build(job, rank=rank, world=world, local_rank=local_rank) as trainer:
+            result = trainer.run(progress=_print_progress if rank == 0 else lambda _: None)
+        if rank == 0:
+            print(json.dumps({"result": asdict(result)}), flush=True)
+        return 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

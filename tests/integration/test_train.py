@@ -1,0 +1,152 @@
+"""The trainer end to end on CPU over a tiny synthetic store in the exact store format."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3.config import TrainConfig
+from eagle3.draft.data import plan_epoch
+from eagle3.draft.loss import target_distribution, ttt_loss
+from eagle3.draft.synthetic import SyntheticSpec, write_run
+from eagle3.sample_format import encode_sample, read_sample, write_sample
+from eagle3.train import NonFiniteLossError, Trainer, TrainJob, write_job
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = SyntheticSpec(lengths=tuple([24, 40, 33, 17, 48, 29, 36, 21] * 4))
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """Two shared cores: intra-op threads fighting the loader threads make these tests 10x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("synthetic")
+    write_run(root / "store", root / "target", SPEC)
+    return root
+
+
+def job(store: Path, out: Path, **train: object) -> TrainJob:
+    base: dict[str, object] = {"batch_tokens": 128, "max_steps": 8, "lr": 3e-3, "warmup_steps": 2, "ttt_steps": 3,
+                               "draft_vocab_size": 96, "precision": "fp32", "log_every": 1, "checkpoint_every": 100,
+                               "loader_threads": 2, "prefetch_batches": 2}  # fmt: skip
+    cfg = TrainConfig.model_validate({**base, **train})
+    return TrainJob(train=cfg, run_dir=str(store / "store"), model_dir=str(store / "target"), out_dir=str(out),
+                    device="cpu")  # fmt: skip
+
+
+def metrics(out: Path) -> dict[int, dict]:
+    """The last record of each step (a resumed run rewrites the steps after its checkpoint)."""
+    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+
+
+def test_a_few_training_steps_lower_the_loss_and_raise_step0_accuracy(store: Path, tmp_path: Path) -> None:
+    with Trainer.build(job(store, tmp_path, max_steps=40, log_every=5)) as t:
+        # the untrained draft on the first batches, before any update
+        first = next(t.stream.iterate(t.pos))[1]
+        with torch.no_grad():
+            m = t.model
+            target = target_distribution(first.last_hidden, t.lm_head, m.d2t, m.t2d, 64)
+            logits = m(first.input_ids, first.aux_hidden.float(), first.positions, first.remaining,
+                       t.attend_for(first.doc), 3)  # fmt: skip
+            before = ttt_loss(logits, target, first.loss_mask, first.remaining, m.d2t, 0.8)
+        t.run()
+    rec = metrics(tmp_path)
+    assert rec[40]["loss"] < 0.8 * float(before.total)
+    assert rec[40]["step_acc"][0] > float(before.step_hits[0] / before.step_labels[0]) + 0.2
+    assert (tmp_path / "checkpoints" / "step-00000040" / "model.safetensors").is_file()
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+
+
+def test_resume_after_a_kill_continues_with_the_same_next_step_loss(store: Path, tmp_path: Path) -> None:
+    with Trainer.build(job(store, tmp_path / "straight")) as t:
+        t.run()
+    straight = metrics(tmp_path / "straight")
+
+    killed = tmp_path / "killed"
+    with Trainer.build(job(store, killed, checkpoint_every=3)) as t:
+        t.run(stop_at_step=5)  # a kill after step 5: steps 4 and 5 are lost, checkpoint 3 survives
+    stale = killed / "checkpoints" / ".step-00000006.tmp"  # a kill in the middle of writing a checkpoint
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"partial")
+    with Trainer.build(job(store, killed, checkpoint_every=3)) as t:
+        assert t.step == 3 and t.checkpoint is not None and t.checkpoint.name == "step-00000003"
+        t.run()
+    resumed = metrics(killed)
+    for step in range(4, 9):
+        assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], abs=1e-5), step
+        assert resumed[step]["step_loss"] == pytest.approx(straight[step]["step_loss"], abs=1e-5)
+        assert resumed[step]["lr"] == pytest.approx(straight[step]["lr"], rel=1e-12)
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
+    spec = SyntheticSpec(lengths=(30, 31, 32, 33))
+    paths = write_run(tmp_path / "store", tmp_path / "target", spec)
+    for path in paths:  # a store with a NaN in every sample's final state
+        s = read_sample(path)
+        s.last_hidden_state[3] = float("nan")
+        write_sample(
+            path,
+            encode_sample(
+                path.stem, list(spec.aux_layers), s.input_ids, s.loss_mask, s.aux_hidden_states, s.last_hidden_state
+            ),
+        )
+    with (
+        Trainer.build(job(tmp_path, tmp_path / "out")) as t,
+        pytest.raises(NonFiniteLossError, match=r"^step 1: loss nan"),
+    ):
+        t.run()
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_the_data_plan_is_deterministic_and_covers_each_sample_once_per_epoch() -> None:
+    lengths = [int(x) for x in torch.randint(5, 90, (200,))]
+    a, b = plan_epoch(lengths, 256, seed=3, epoch=1), plan_epoch(lengths, 256, seed=3, epoch=1)
+    assert a == b and a != plan_epoch(lengths, 256, seed=3, epoch=2)
+    assert sorted(i for row in a for i in row) == list(range(200))
+    assert all(sum(min(lengths[i], 256) for i in row) <= 256 for row in a)
+    fill = sum(lengths) / (len(a) * 256)
+    assert fill > 0.9, f"length bucketing packs rows only {fill:.0%} full"
+
+
+@pytest.mark.slow
+def test_torchrun_with_two_gloo_processes_averages_the_gradient_of_one_process(store: Path, tmp_path: Path) -> None:
+    two = job(store, tmp_path / "two", max_steps=6, log_every=1)
+    write_job(tmp_path / "job.json", two)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "eagle3.train_worker", str(tmp_path / "job.json")]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '"result"' in proc.stdout
+    rec = metrics(tmp_path / "two")
+    assert sorted(rec) == list(range(1, 7)) and rec[6]["loss"] < rec[1]["loss"]
+
+    # one process over the same two rows of step 1: mean loss and norm of the mean gradient agree
+    with Trainer.build(job(store, tmp_path / "one", max_steps=6)) as t:
+        rows = t.stream.plan(0)[:2]
+        losses = []
+        for row in rows:
+            b = t.stream._load(row)
+            m = t.model
+            target = target_distribution(b.last_hidden, t.lm_head, m.d2t, m.t2d, 64)
+            logits = m(b.input_ids, b.aux_hidden.float(), b.positions, b.remaining, t.attend_for(b.doc), 3)
+            out = ttt_loss(logits, target, b.loss_mask, b.remaining, m.d2t, 0.8)
+            (out.total / 2).backward()
+            losses.append(out.total.item())
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in t.params]))
+    assert rec[1]["loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
+    assert rec[1]["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
