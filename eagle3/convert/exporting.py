@@ -43,6 +43,9 @@ def begin_export(
     if out.exists() and any(out.iterdir()):
         old = read_sidecar(out, peer)
         if old is not None and old.samples == side.samples and old.run_info == side.run_info:
+            for tmp in out.rglob(".*.tmp"):  # left by the interrupted writer (fsio's temporary names)
+                if tmp.is_file():
+                    tmp.unlink()
             return samples, True
         raise PeerFormatError(
             f"{out} is not empty and is not an unfinished {peer} export of {store.root}; choose a new directory"

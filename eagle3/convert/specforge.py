@@ -184,7 +184,7 @@ def read_specforge_sample(path: Path, num_aux: int, *, trim_padding: bool) -> Pe
         source=str(path),
         input_ids=ids[:keep].to(torch.int64),
         loss_mask=mask[:keep].to(torch.uint8),
-        aux_hidden_states=aux[:keep].view(keep, num_aux, h),  # [T, K, H]
+        aux_hidden_states=aux[:keep].reshape(keep, num_aux, h),  # [T, K, H]
         last_hidden_state=last[:keep],
         trimmed=t - keep,
     )
