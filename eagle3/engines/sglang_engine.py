@@ -1,0 +1,286 @@
+"""The `sglang` engine: a real SGLang server with the server_patch hook, driven per sample over HTTP.
+
+For each sample (at most `extract.window` in flight; 1 = the case study's synchronous loop):
+
+  1. write `<dump_dir>/<rid>.req.json` (sample id, layers, loss mask: /generate cannot carry them),
+  2. POST /generate {input_ids, rid, sampling_params: {max_new_tokens: 0}} (prefill only),
+  3. check meta_info: prompt_tokens == len(input_ids), cached_tokens == 0 (a cached prefix is never
+     computed, so never captured),
+  4. wait for `<rid>.safetensors` (or the hook's `<rid>.error.json`), check its header, token ids and
+     loss mask, and yield Dumped(sample, path); eagle3/extract.py verifies it fully and moves it into
+     the store. Problems become Failed(sample, reason) after `extract.request_retries` retries with backoff.
+
+Dumps are keyed by rid = "e3-<run id>-<sample id>", so a window > 1 cannot mix samples up. A dead
+server is restarted (at most server.max_restarts times, eagle3/server.py) and the sample retried.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import httpx
+import torch
+from safetensors import safe_open
+
+from eagle3 import dump_protocol as proto
+from eagle3.config import PipelineConfig
+from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
+from eagle3.fsio import remove_stale_temps
+from eagle3.layers import resolve_aux_layers
+from eagle3.model_files import read_model_facts
+from eagle3.sample_format import SampleFormatError, check_header
+from eagle3.server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
+from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.store import DTYPES, PreparedSample
+
+
+class _Retry(Exception):
+    """A transient problem (HTTP error, timeout, dead server): send the sample again."""
+
+
+def run_id_of(run_dir: Path) -> str:
+    """A short stable id of a run directory, part of every rid (two runs never share a dump name)."""
+    return hashlib.sha256(os.path.abspath(run_dir).encode()).hexdigest()[:10]
+
+
+def build_sglang_engine(
+    cfg: PipelineConfig, model_dir: Path, base_env: Mapping[str, str] | None = None, on_line: LineFn | None = None
+) -> SGLangEngine:
+    """The engine for `server.engine: sglang`: dumps under extract.dump_dir (default <run_dir>/dump, the
+    store's filesystem, so moving a dump in is a rename), the server log under <run_dir>/server/."""
+    run_dir = Path(cfg.run_dir)
+    dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else run_dir / "dump"
+    return SGLangEngine(cfg, model_dir, run_id_of(run_dir), dump_dir, base_env=base_env, on_line=on_line)
+
+
+class SGLangEngine:
+    def __init__(
+        self,
+        cfg: PipelineConfig,
+        model_dir: Path,
+        run_id: str,
+        dump_dir: Path,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        on_line: LineFn | None = None,
+        server: SGLangServer | None = None,
+        dump_timeout_s: float = 120.0,
+    ):
+        facts = read_model_facts(Path(model_dir))
+        aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
+        self.layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers)
+        self.cfg = cfg
+        self.run_id = run_id
+        self.dump_dir = Path(dump_dir)
+        self.hidden_size = facts.hidden_size
+        self.dtype = DTYPES[cfg.server.dtype]
+        self.dump_timeout_s = dump_timeout_s
+        self.info = EngineInfo(
+            name="sglang",
+            version=SUPPORTED_SGLANG[0],  # the hook refuses any other; checked again against /server_info
+            aux_layers=aux,
+            engine_layer_ids=self.layers.layer_ids,
+            engine_layer_convention=self.layers.convention,
+        )
+        self.server = server or SGLangServer(
+            cfg.server,
+            Path(model_dir),
+            dump_dir=self.dump_dir,
+            layers=self.layers,
+            log_dir=Path(cfg.run_dir) / "server",
+            base_env=dict(os.environ) if base_env is None else base_env,
+            on_line=on_line,
+        )
+        self._started = False
+        self._restart_lock = threading.Lock()
+        self._generation = 0  # bumped by every restart, so concurrent failures restart once
+        self._http: httpx.Client | None = None
+
+    # Engine protocol ------------------------------------------------------------------------
+    def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
+        if not samples:
+            return
+        self._ensure_started()
+        for s in samples:
+            self._clean(self.rid(s))
+        window = max(1, self.cfg.extract.window)
+        if window == 1:
+            for s in samples:
+                yield self._one(s)
+            return
+        with cf.ThreadPoolExecutor(window, thread_name_prefix="eagle3-sglang") as pool:
+            pending = iter(samples)
+            running = {pool.submit(self._one, s) for s in _take(pending, window)}
+            while running:
+                done, running = cf.wait(running, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    yield fut.result()
+                running |= {pool.submit(self._one, s) for s in _take(pending, len(done))}
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        self.server.stop()
+        self._started = False
+        remove_stale_temps(self.dump_dir)
+
+    # one sample -----------------------------------------------------------------------------
+    def rid(self, sample: PreparedSample) -> str:
+        return proto.make_rid(self.run_id, sample.sample_id)
+
+    def _one(self, sample: PreparedSample) -> Outcome:
+        rid = self.rid(sample)
+        retries = self.cfg.extract.request_retries
+        last = "not attempted"
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(min(30.0, 2.0 ** (attempt - 1)))
+            generation = self._generation
+            try:
+                return self._attempt(sample, rid)
+            except _Retry as e:
+                last = str(e)
+                self._clean(rid)
+                try:
+                    self._recover(generation, last)
+                except ServerError as fatal:
+                    return Failed(sample, f"rid {rid}: {last}; server not recoverable: {fatal}")
+        return Failed(
+            sample, f"rid {rid}: gave up after {retries + 1} attempts (extract.request_retries); last: {last}"
+        )
+
+    def _attempt(self, sample: PreparedSample, rid: str) -> Outcome:
+        n = len(sample.input_ids)
+        proto.write_request(
+            self.dump_dir,
+            proto.RequestInfo(rid, sample.sample_id, n, self.info.aux_layers, list(sample.loss_mask)),
+        )
+        body = {"input_ids": list(sample.input_ids), "rid": rid, "sampling_params": {"max_new_tokens": 0}}
+        try:
+            r = self._client().post(
+                f"{self.server.url}/generate", json=body, timeout=self.cfg.extract.request_timeout_s
+            )
+        except httpx.TimeoutException:
+            self._abort(rid)
+            raise _Retry(
+                f"no answer within {self.cfg.extract.request_timeout_s:.0f}s (extract.request_timeout_s)"
+            ) from None
+        except httpx.HTTPError as e:
+            raise _Retry(f"/generate failed: {type(e).__name__}: {e}") from None
+        if r.status_code >= 500:
+            raise _Retry(f"/generate answered {r.status_code}: {r.text[:300]}")
+        if r.status_code != 200:
+            self._clean(rid)
+            return Failed(sample, f"rid {rid}: /generate answered {r.status_code}: {r.text[:300]}")
+        meta = r.json().get("meta_info", {})
+        if meta.get("prompt_tokens") != n:
+            self._clean(rid)
+            return Failed(sample, f"rid {rid}: server saw {meta.get('prompt_tokens')} prompt tokens, sent {n}")
+        if meta.get("cached_tokens", 0) != 0:
+            reason = self._wait_error(rid, 10.0) or "no error file from the hook"
+            self._clean(rid)
+            return Failed(
+                sample,
+                f"rid {rid}: {meta['cached_tokens']} of {n} tokens came from SGLang's prefix cache and were never "
+                f"computed; launch with --disable-radix-cache (hook: {reason})",
+            )
+        return self._collect(sample, rid)
+
+    def _collect(self, sample: PreparedSample, rid: str) -> Outcome:
+        path = proto.dump_path(self.dump_dir, rid)
+        deadline = time.monotonic() + self.dump_timeout_s
+        delay = 0.005
+        while not path.exists():
+            reason = proto.read_error(self.dump_dir, rid)
+            if reason is not None:
+                self._clean(rid)
+                return Failed(sample, f"rid {rid}: the hook could not dump it: {reason}")
+            if time.monotonic() > deadline:
+                if not self.server.is_alive():
+                    raise _Retry("the server died before the dump was written")
+                self._clean(rid)
+                return Failed(
+                    sample,
+                    f"rid {rid}: answered, but no dump in {self.dump_dir} within {self.dump_timeout_s:.0f}s "
+                    f"(is the hook writing there? see {self.server.log_path})",
+                )
+            time.sleep(delay)
+            delay = min(0.2, delay * 2)
+        proto.request_path(self.dump_dir, rid).unlink(missing_ok=True)
+        try:
+            self._check_dump(path, sample)
+        except SampleFormatError as e:
+            self._clean(rid)
+            return Failed(sample, f"rid {rid}: dump rejected: {e}")
+        return Dumped(sample, path)
+
+    def _check_dump(self, path: Path, sample: PreparedSample) -> None:
+        n = len(sample.input_ids)
+        check_header(
+            path, num_tokens=n, num_aux=len(self.info.aux_layers), hidden_size=self.hidden_size, dtype=self.dtype
+        )
+        with safe_open(str(path), framework="pt") as f:
+            ids = f.get_tensor("input_ids")
+            mask = f.get_tensor("loss_mask")
+            layers = (f.metadata() or {}).get("aux_layers")
+        if not torch.equal(ids, torch.tensor(sample.input_ids, dtype=torch.int64)):
+            raise SampleFormatError(f"{path}: token ids differ from the prepared sample {sample.sample_id}")
+        if not torch.equal(mask, torch.tensor(sample.loss_mask, dtype=torch.uint8)):
+            raise SampleFormatError(f"{path}: loss mask differs from the prepared sample {sample.sample_id}")
+        if layers != ",".join(map(str, self.info.aux_layers)):
+            raise SampleFormatError(f"{path}: aux_layers {layers!r}, the run captures {self.info.aux_layers}")
+
+    # server ---------------------------------------------------------------------------------
+    def _ensure_started(self) -> None:
+        if not self._started:
+            self.dump_dir.mkdir(parents=True, exist_ok=True)
+            self.server.start()
+            self._started = True
+
+    def _recover(self, generation: int, reason: str) -> None:
+        with self._restart_lock:
+            if generation != self._generation or self.server.is_alive():
+                return  # another thread restarted it, or it is fine and the error was per request
+            self.server.restart(reason)
+            self._generation += 1
+
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client(limits=httpx.Limits(max_connections=max(4, self.cfg.extract.window * 2)))
+        return self._http
+
+    def _abort(self, rid: str) -> None:
+        """Best effort: a timed-out request would otherwise block its rid (duplicate in-flight rids are refused)."""
+        with contextlib.suppress(httpx.HTTPError):
+            self._client().post(f"{self.server.url}/abort_request", json={"rid": rid}, timeout=10.0)
+
+    def _wait_error(self, rid: str, timeout_s: float) -> str | None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            reason = proto.read_error(self.dump_dir, rid)
+            if reason is not None:
+                return reason
+            time.sleep(0.05)
+        return None
+
+    def _clean(self, rid: str) -> None:
+        for p in (proto.dump_path, proto.error_path, proto.request_path):
+            p(self.dump_dir, rid).unlink(missing_ok=True)
+
+
+def _take(it: Iterator[PreparedSample], n: int) -> list[PreparedSample]:
+    out = []
+    for _ in range(n):
+        try:
+            out.append(next(it))
+        except StopIteration:
+            break
+    return out
