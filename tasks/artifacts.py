@@ -147,6 +147,7 @@ class TaskProgress:
         )
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
+        self._final_logged: tuple[int, int, int] | None = None
         self.last: Progress | None = None
 
     def start(self, total: int) -> None:
@@ -169,7 +170,11 @@ class TaskProgress:
                 100 * run_fraction, describe(done, self.run.total, self.unit, p.tokens_per_s, eta), force=final
             )
         now = time.monotonic()
+        if final and (p.done, p.skipped, p.failed) == self._final_logged:
+            return  # the library reports its end twice (last add + finish): log it once
         if final or now - self._last_log >= self.log_every_s:
+            if final:
+                self._final_logged = (p.done, p.skipped, p.failed)
             self._last_log = now
             text = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra)
             self.logger.info("%s %s %s", self.label, text_bar(p.fraction), text)

@@ -93,6 +93,10 @@ class ShardIncomplete(RuntimeError):
     """Some samples of a shard failed; retrying the task redoes only those."""
 
 
+class ExtractIncomplete(RuntimeError):
+    """Some shards did not complete; raised in the caller of the extract flow (e.g. the pipeline)."""
+
+
 class ExtractSummary(BaseModel):
     run_dir: str
     shards: list[int]
@@ -285,8 +289,8 @@ def extract_outcome(summary: ExtractSummary) -> ExtractSummary | State:
     if not summary.failed:
         return summary
     names = "; ".join(f"shard {k}: {v}" for k, v in sorted(summary.failed.items()))
-    return Failed(
-        message=f"{len(summary.failed)} of {len(summary.shards)} shards did not complete ({names}). "
-        f"Fix the cause and re-run: finished samples are kept.",
-        data=summary,
+    message = (
+        f"{len(summary.failed)} of {len(summary.shards)} shards did not complete ({names}). "
+        f"Fix the cause and re-run: finished samples are kept."
     )
+    return Failed(message=message, data=ExtractIncomplete(message))

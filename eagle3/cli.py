@@ -1,0 +1,207 @@
+"""The `eagle3` command: parse, build, run, close. No pipeline logic lives here.
+
+    eagle3 run CONFIG [--stages a,b,c] [--set key.sub=value ...]   the pipeline flow on the Prefect server
+    eagle3 status RUN_DIR                                         shards and run.json facts of a store
+    eagle3 model demo | MODEL_DIR                                 install/check a model, print its path
+    eagle3 config show [CONFIG] [--set ...]                       the effective config as YAML
+
+The environment is read here and only here: PREFECT_API_URL (through Prefect's settings) picks the
+server that `run` reports to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SERVER_HINT = (
+    "start the local server with `bash deploy/prefect_server.sh start` (or `make serve-prefect`) and "
+    "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eagle3", description="EAGLE-3 draft training data from a target model.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the pipeline flow (prepare -> [synthesize] -> extract -> ...)")
+    run.add_argument("config", type=Path, help="YAML config (see configs/demo.yaml)")
+    _add_overrides(run)
+
+    status = sub.add_parser("status", help="show the shards and run.json facts of a run directory")
+    status.add_argument("run_dir", type=Path)
+
+    model = sub.add_parser("model", help="install (demo) or check a target model and print its directory")
+    model.add_argument("name", help="`demo` (SmolLM2-135M-Instruct, installed once) or a model directory")
+    model.add_argument("--data-dir", type=Path, default=Path("data"), help="where the demo model lives")
+
+    config = sub.add_parser("config", help="config helpers")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the effective config (file + overrides) as YAML")
+    show.add_argument("config", type=Path, nargs="?", help="YAML config (default: built-in defaults)")
+    _add_overrides(show)
+    return p
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stages", help=f"comma-separated subset of {','.join(STAGES)}, replacing `stages`")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set data.shard_size=50 (repeatable; values are YAML)",
+    )
+
+
+def effective_config(path: Path | None, overrides: list[str], stages: str | None) -> PipelineConfig:
+    items = list(overrides)
+    if stages is not None:
+        items.append(f"stages=[{stages}]")
+    return load_config(path, items)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(effective_config(args.config, args.overrides, args.stages))
+        if args.command == "status":
+            return cmd_status(args.run_dir)
+        if args.command == "model":
+            return cmd_model(args.name, args.data_dir)
+        if args.command == "config":
+            print(config_to_yaml(effective_config(args.config, args.overrides, args.stages)), end="")
+            return EXIT_OK
+    except ConfigError as e:
+        print(f"eagle3: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+# run -------------------------------------------------------------------------------------------
+def prefect_api_url() -> str | None:
+    from prefect.settings import get_current_settings
+
+    return get_current_settings().api.url
+
+
+def check_server(api_url: str | None) -> str | None:
+    """None when the Prefect API answers, else what is wrong and how to fix it."""
+    if not api_url:
+        return f"PREFECT_API_URL is not set, so Prefect would start a throw-away server with no UI; {SERVER_HINT}"
+    import httpx
+
+    try:
+        httpx.get(f"{api_url.rstrip('/')}/health", timeout=5.0).raise_for_status()
+    except httpx.HTTPError as e:
+        return f"the Prefect server at {api_url} does not answer ({e}); {SERVER_HINT}"
+    return None
+
+
+def cmd_run(cfg: PipelineConfig) -> int:
+    api_url = prefect_api_url()
+    problem = check_server(api_url)
+    if problem:
+        print(f"eagle3: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    from prefect.settings import get_current_settings
+
+    from flows.pipeline import pipeline, require_wired
+
+    try:
+        require_wired(cfg.stages)
+    except ValueError as e:
+        print(f"eagle3: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    store = Path(cfg.run_dir).resolve()
+    print(f"eagle3: stages {' -> '.join(cfg.stages)}; store {store}; Prefect {api_url}", flush=True)
+    state = pipeline(cfg, return_state=True)
+    ui = get_current_settings().ui_url
+    run_id = state.state_details.flow_run_id
+    print(f"\nstore:  {store}   (inspect: eagle3 status {cfg.run_dir})")
+    if ui and run_id:
+        print(f"UI:     {ui.rstrip('/')}/runs/flow-run/{run_id}")
+    if state.is_completed():
+        print(f"result: {state.name}")
+        return EXIT_OK
+    print(f"result: {state.name}: {state.message}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# status ----------------------------------------------------------------------------------------
+def cmd_status(run_dir: Path) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from eagle3.store import RunStore
+
+    store = RunStore(run_dir)
+    info, prepared = store.read_run_info(), store.read_prepared_manifest()
+    console = Console()
+    if info is None and prepared is None:
+        print(f"eagle3: {run_dir} is not a run directory (no run.json, no prepared/manifest.json)", file=sys.stderr)
+        return EXIT_FAILED
+    console.print(f"[bold]{store.root.resolve()}[/bold]")
+    if info is not None:
+        console.print(
+            f"model {info.model_path} (sha256 {info.model_sha256[:12]}), {info.num_layers} layers, "
+            f"hidden {info.hidden_size}, {info.dtype}\n"
+            f"engine {info.engine} {info.engine_version}; aux layers (HF) {info.aux_layers}, engine ids "
+            f"{info.engine_layer_ids} ({info.engine_layer_convention}); dataset {info.dataset_fingerprint[:12]}; "
+            f"created {info.created_at}"
+        )
+    else:
+        console.print("run.json: not written yet (extraction has not started)")
+    if prepared is None:
+        console.print("prepared data: none")
+        return EXIT_OK
+    console.print(
+        f"prepared: {prepared.num_samples} samples, {prepared.num_tokens} tokens in {len(prepared.shards)} shards; "
+        f"{len(prepared.bad_rows)} bad rows"
+    )
+    table = Table("shard", "status", "samples", "tokens", "GB", "errors", "first error")
+    done = tokens = size = 0
+    for m in store.manifests():
+        done, tokens, size = done + len(m.samples), tokens + m.tokens, size + m.bytes
+        first = next(iter(m.errors.items()), None)
+        table.add_row(
+            f"{m.shard:05d}",
+            _styled_status(m.status),
+            f"{len(m.samples)}/{m.expected}",
+            str(m.tokens),
+            f"{m.bytes / 1e9:.3f}",
+            str(len(m.errors)),
+            f"{first[0]}: {first[1]}"[:80] if first else "",
+        )
+    table.add_section()
+    table.add_row("total", "", f"{done}/{prepared.num_samples}", str(tokens), f"{size / 1e9:.3f}", "", "")
+    console.print(table)
+    return EXIT_OK
+
+
+def _styled_status(status: str) -> str:
+    color = {"complete": "green", "partial": "yellow", "failed": "red", "running": "cyan"}.get(status, "dim")
+    return f"[{color}]{status}[/{color}]"
+
+
+# model -----------------------------------------------------------------------------------------
+def cmd_model(name: str, data_dir: Path) -> int:
+    from eagle3.model_files import ModelError, resolve_model
+
+    try:
+        print(resolve_model(name, data_dir).resolve())
+    except ModelError as e:
+        print(f"eagle3: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
