@@ -143,6 +143,7 @@ def test_rerun_skips_every_shard_and_loads_no_model(
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
+    assert state.state_details.flow_run_id is not None
     parent = FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
     with get_client(sync_client=True) as client:
         (extract_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
