@@ -1,0 +1,241 @@
+"""Extraction throughput vs its two ceilings, measured in one run; prints a markdown table.
+
+    forward   tokens/s of the plain base-model forward over the same batches (no capture, no copy, no write)
+    extract   tokens/s of extract_shard into a fresh store (capture + copy to CPU + encode + atomic write)
+    write bw  bytes/s of fsynced atomic writes to the store's filesystem (large files, and sample-sized ones)
+
+binding limit = min(forward tok/s, write_bw / bytes_per_token); we report extract / binding (target >= 0.85)
+and bytes per token on disk / (K+1) x H x itemsize (target <= 1.02).
+
+The samples are split into shards and the two measurements alternate shard by shard (forward of
+shard i, then extract_shard of shard i), so on a machine shared with other jobs both see the same
+load; rates are total tokens / total time over all shards and repeats.
+
+    .venv/bin/python bench/extract_bench.py --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from eagle3.config import PipelineConfig
+from eagle3.engines.transformers_engine import TransformersEngine, length_batches, pad_right
+from eagle3.extract import extract_shard, open_run
+from eagle3.fsio import atomic_write_bytes
+from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
+from eagle3.store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
+from eagle3.versions import library_versions
+
+MB = 1 << 20
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="demo", help="model directory, or `demo` (SmolLM2-135M)")
+    p.add_argument("--data-dir", default="data", help="where the demo model is installed")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    p.add_argument("--samples", type=int, default=24)
+    p.add_argument("--seq-len", type=int, default=256, help="longest sample; lengths are uniform in [L/2, L]")
+    p.add_argument("--shards", type=int, default=6, help="forward and extraction alternate shard by shard")
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--writer-threads", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=2, help="passes over all shards (fresh store each time)")
+    p.add_argument("--work-dir", default="data/runs/bench", help="temporary stores go here (the filesystem under test)")
+    p.add_argument("--write-mb", type=int, default=256, help="bytes written by the large-file bandwidth probe")
+    return p.parse_args()
+
+
+@dataclass
+class Meter:
+    """Tokens, wall seconds and CPU seconds of this process (all threads). CPU time barely moves when
+    other jobs share the cores, so it shows the work extraction adds even on a busy machine."""
+
+    tokens: int = 0
+    wall: float = 0.0
+    cpu: float = 0.0
+    _start: tuple[float, float] = field(default=(0.0, 0.0), repr=False)
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), time.process_time())
+
+    def stop(self, tokens: int) -> None:
+        self.tokens += tokens
+        self.wall += time.perf_counter() - self._start[0]
+        self.cpu += time.process_time() - self._start[1]
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.wall
+
+    @property
+    def cpu_rate(self) -> float:
+        return self.tokens / self.cpu
+
+
+def make_shards(n: int, shards: int, seq_len: int, vocab: int, seed: int = 0) -> list[list[dict[str, Any]]]:
+    """Random token ids, lengths uniform in [seq_len/2, seq_len], dealt into `shards` shards."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        t = rng.randint(max(1, seq_len // 2), seq_len)
+        ids = [rng.randrange(vocab) for _ in range(t)]
+        rows.append({"sample_id": f"b{i:05d}", "input_ids": ids, "loss_mask": [1] * t, "num_tokens": t,
+                     "source": f"bench:{i}", "messages": "[]"})  # fmt: skip
+    return [rows[i::shards] for i in range(shards)]
+
+
+def write_prepared(store: RunStore, shards: list[list[dict[str, Any]]], model_dir: Path) -> None:
+    for i, rows in enumerate(shards):
+        store.write_prepared_shard(i, pa.Table.from_pylist(rows, schema=PREPARED_SCHEMA))
+    tokens = [sum(r["num_tokens"] for r in rows) for rows in shards]
+    store.write_prepared_manifest(
+        PreparedManifest(
+            dataset="bench",
+            dataset_fingerprint="bench",
+            tokenizer_sha256=tokenizer_fingerprint(model_dir),
+            num_samples=sum(len(rows) for rows in shards),
+            num_tokens=sum(tokens),
+            num_loss_tokens=sum(tokens),
+            shards=[len(rows) for rows in shards],
+            shard_tokens=tokens,
+            config={},
+        )
+    )
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.inference_mode()
+def plain_forward(engine: TransformersEngine, samples: list[PreparedSample]) -> None:
+    """The base model over the engine's own batches, keeping only the last hidden state on the device."""
+    base = engine.base_model()
+    for batch in length_batches(samples, engine.batch_tokens):
+        ids, mask = pad_right(batch)  # [B, S]
+        base(input_ids=ids.to(engine.device), attention_mask=mask.to(engine.device) if len(batch) > 1 else None,
+             use_cache=False)  # fmt: skip
+    sync(engine.device)
+
+
+@dataclass
+class Result:
+    forward: Meter
+    extract: Meter
+    bytes: int = 0
+
+
+def measure(cfg: PipelineConfig, model_dir: Path, shards: list, engine: TransformersEngine, args: Any) -> Result:
+    """Alternate forward and extract_shard shard by shard, `repeats` times over a fresh store."""
+    res = Result(Meter(), Meter())
+    store = RunStore(cfg.run_dir)
+    for _ in range(args.repeats):
+        shutil.rmtree(store.root, ignore_errors=True)
+        write_prepared(store, shards, model_dir)
+        info = open_run(cfg, store, model_dir, engine.info)
+        res.bytes = 0
+        for i in range(len(shards)):
+            samples = store.prepared_samples(i)
+            sync(engine.device)
+            res.forward.start()
+            plain_forward(engine, samples)
+            res.forward.stop(sum(len(s) for s in samples))
+            res.extract.start()
+            m = extract_shard(store, i, engine, info, writer_threads=args.writer_threads)
+            res.extract.stop(m.tokens)
+            assert m.status == "complete", m.errors
+            res.bytes += m.bytes
+    return res
+
+
+def write_bandwidth(directory: Path, total: int, file_size: int) -> float:
+    """bytes/s of fsynced atomic writes of `file_size`-byte files, `total` bytes in all, one thread."""
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = os.urandom(file_size)
+    n = max(1, total // file_size)
+    start = time.perf_counter()
+    for i in range(n):
+        atomic_write_bytes(directory / f"f{i:05d}.bin", payload)
+    seconds = time.perf_counter() - start
+    shutil.rmtree(directory)
+    return n * file_size / seconds
+
+
+def main() -> None:
+    args = parse_args()
+    model_dir = resolve_model(args.model, Path(args.data_dir))
+    facts = read_model_facts(model_dir)
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=args.work_dir, prefix="extract-bench-"))
+    engine = TransformersEngine(model_dir, device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens)
+    cfg = PipelineConfig.model_validate(
+        {"run_dir": str(work / "run"), "model": str(model_dir),
+         "server": {"device": args.device, "dtype": args.dtype, "batch_tokens": args.batch_tokens}}
+    )  # fmt: skip
+    try:
+        shards = make_shards(args.samples, args.shards, args.seq_len, facts.vocab_size)
+        warm = [PreparedSample(r["sample_id"], r["input_ids"], r["loss_mask"], "") for r in shards[0]]
+        plain_forward(engine, warm)  # load + warm up
+        list(engine.extract(warm))
+        res = measure(cfg, model_dir, shards, engine, args)
+        bw_large = write_bandwidth(work / "bw-large", args.write_mb * MB, 64 * MB)
+        sample_size = res.bytes // args.samples
+        small_total = min(args.write_mb * MB, max(64 * MB, 200 * sample_size))
+        bw_sample = write_bandwidth(work / "bw-sample", small_total, sample_size)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(header(args, engine, facts, res.extract.tokens // args.repeats))
+    print(table(args, facts, len(engine.info.aux_layers), res, bw_large, bw_sample, sample_size))
+
+
+def header(args: Any, engine: TransformersEngine, facts: ModelFacts, tokens: int) -> str:
+    v = library_versions()
+    device = torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else f"cpu x{os.cpu_count()}"
+    return (
+        f"model {facts.model_type} {facts.num_layers} layers, hidden {facts.hidden_size}, {args.dtype}; "
+        f"device {device}; {args.samples} samples in {args.shards} shards, {tokens} tokens per pass "
+        f"(lengths {args.seq_len // 2}..{args.seq_len}), {args.repeats} passes, batch_tokens {args.batch_tokens}, "
+        f"writer threads {args.writer_threads}, K={len(engine.info.aux_layers)}; "
+        f"torch {v.get('torch')}, transformers {v.get('transformers')}\n"
+    )
+
+
+def table(args: Any, facts: ModelFacts, k: int, res: Result, bw_large: float, bw_sample: float, size: int) -> str:
+    itemsize = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
+    minimum = (k + 1) * facts.hidden_size * itemsize
+    bpt = res.bytes / (res.extract.tokens / args.repeats)
+    fwd, ext = res.forward, res.extract
+    disk_limit = bw_large / bpt
+    binding = min(fwd.rate, disk_limit)
+    rows = [
+        ("plain forward (no capture, no write)", f"{fwd.rate:,.0f} tok/s", f"{fwd.cpu_rate:,.0f} tok per CPU-s"),
+        ("extraction (capture + write, extract_shard)", f"{ext.rate:,.0f} tok/s", f"{ext.cpu_rate:,.0f} tok per CPU-s"),
+        ("write bandwidth, 64 MiB files + fsync", f"{bw_large / MB:,.0f} MiB/s", f"= {disk_limit:,.0f} tok/s"),
+        (f"write bandwidth, {size / MB:.2f} MiB files + fsync", f"{bw_sample / MB:,.0f} MiB/s", "one thread"),
+        ("bytes/token on disk", f"{bpt:,.1f}", f"minimum (K+1)·H·{itemsize} = {minimum:,}"),
+        ("binding limit = min(forward, write_bw / bytes_per_token)", f"{binding:,.0f} tok/s",
+         "forward" if fwd.rate <= disk_limit else "write"),
+        ("**extraction / binding limit** (target >= 0.85)", f"**{ext.rate / binding:.3f}**",
+         f"CPU-time ratio {ext.cpu_rate / fwd.cpu_rate:.3f}"),
+        ("**bytes per token / minimum** (target <= 1.02)", f"**{bpt / minimum:.4f}**", ""),
+    ]  # fmt: skip
+    lines = ["| measure | value | note |", "| --- | --- | --- |"]
+    lines += [f"| {name} | {value} | {note} |" for name, value, note in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
