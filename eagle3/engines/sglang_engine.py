@@ -89,6 +89,7 @@ class SGLangEngine:
             engine_layer_ids=self.layers.layer_ids,
             engine_layer_convention=self.layers.convention,
         )
+        self._owns_server = server is None  # a server passed in (tests, bench) is the caller's to stop
         self.server = server or SGLangServer(
             cfg.server,
             Path(model_dir),
@@ -128,7 +129,8 @@ class SGLangEngine:
         if self._http is not None:
             self._http.close()
             self._http = None
-        self.server.stop()
+        if self._owns_server:
+            self.server.stop()
         self._started = False
         remove_stale_temps(self.dump_dir)
 

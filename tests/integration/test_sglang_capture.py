@@ -1,0 +1,217 @@
+"""Real SGLang 0.5.23 on CPU with the server_patch hook, one server for the whole module (about a minute
+to start on 2 cores): parity with the transformers forward, chunked prefill, windows, resume, leftovers."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from eagle3 import dump_protocol as proto
+from eagle3.engines.base import Dumped, Outcome
+from eagle3.engines.sglang_engine import SGLangEngine
+from eagle3.extract import extract_shard, open_run
+from eagle3.sample_format import read_sample
+from eagle3.server import SGLangServer
+from eagle3.store import PreparedSample, RunStore
+from tests.integration.sglang_support import (
+    TEXTS,
+    assert_same_layer,
+    prepared,
+    require_sglang_env,
+    sglang_config,
+    start_server,
+    token_errors,
+    write_prepared,
+)
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+AUX = [2, 15, 27]  # EAGLE-3's default for SmolLM2's 30 layers
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[dict[str, Any]]:
+    require_sglang_env()
+    root = tmp_path_factory.mktemp("sglang")
+    cfg = sglang_config(root / "run", demo_model, chunked_prefill_size=16)
+    dump_dir = root / "dump"
+    server = start_server(cfg, demo_model, dump_dir)
+    try:
+        yield {"cfg": cfg, "server": server, "dump_dir": dump_dir, "root": root}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def samples(demo_tokenizer: Any) -> list[PreparedSample]:
+    s = prepared(demo_tokenizer, TEXTS)
+    assert max(len(x) for x in s) > 100
+    return s
+
+
+@pytest.fixture(scope="module")
+def hf_states(demo_model: Path, samples: list[PreparedSample]) -> dict[str, tuple[torch.Tensor, ...]]:
+    """The Hugging Face forward in fp32: hidden_states (embeddings, layer inputs..., final norm) per sample."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(demo_model, dtype=torch.float32).eval()
+    out = {}
+    with torch.no_grad():
+        for s in samples:
+            hs = model(torch.tensor([s.input_ids]), output_hidden_states=True).hidden_states
+            out[s.sample_id] = tuple(h[0] for h in hs)
+    return out
+
+
+def engine_for(env: dict[str, Any], run_id: str, window: int = 1) -> SGLangEngine:
+    cfg = env["cfg"].model_copy(deep=True)
+    cfg.extract.window = window
+    return SGLangEngine(cfg, Path(cfg.model), run_id, env["dump_dir"], server=env["server"])
+
+
+def collect(engine: SGLangEngine, samples: Sequence[PreparedSample]) -> dict[str, Any]:
+    out = {}
+    for o in engine.extract(samples):
+        assert isinstance(o, Dumped), getattr(o, "reason", o)
+        out[o.sample.sample_id] = read_sample(o.path)
+        o.path.unlink()
+    return out
+
+
+def test_the_hook_reports_the_layers_it_captures_from_its_worker(env: dict[str, Any]) -> None:
+    workers = [s for s in proto.read_statuses(env["dump_dir"]) if s["status"] == "worker"]
+    assert len(workers) == 1 and workers[0]["writes"] is True
+    assert workers[0]["layers_to_capture"] == AUX and workers[0]["problem"] is None
+    assert "capturing HF hidden_states [2, 15, 27]" in env["server"].log_tail(400)
+
+
+def test_dumps_match_the_hf_forward_per_token_and_not_the_neighbouring_layers(
+    env: dict[str, Any], samples: list[PreparedSample], hf_states: dict[str, tuple[torch.Tensor, ...]]
+) -> None:
+    """Per token over all samples: each dumped layer is within bf16 noise of HF hidden_states[layer]
+    (median token ~0.01; no token of any sample past 0.2) and far from hidden_states[layer +- 1]."""
+    got = collect(engine_for(env, "parity"), samples)
+    for s in samples:
+        d = got[s.sample_id]
+        assert d.input_ids.tolist() == s.input_ids and d.loss_mask.tolist() == s.loss_mask
+        assert d.aux_hidden_states.dtype == torch.bfloat16 and d.aux_hidden_states.shape == (len(s), 3, 576)
+
+    def pooled(k: int | None, layer: int) -> torch.Tensor:  # token errors of every sample, concatenated
+        errs = []
+        for s in samples:
+            d = got[s.sample_id]
+            mine = d.last_hidden_state if k is None else d.aux_hidden_states[:, k]
+            e = token_errors(mine, hf_states[s.sample_id][layer])
+            errs.append(e)
+        return torch.cat(errs)
+
+    for k, layer in enumerate(AUX):
+        same = pooled(k, layer)
+        assert float(same.median()) < 0.03 and float(same.max()) < 0.2, (layer, same.median(), same.max())
+        for other in (layer - 1, layer + 1):
+            far = float(pooled(k, other).median())
+            assert far > 0.12 and far > 5 * float(same.median()), f"layer {layer} vs HF {other}: {far:.3f}"
+    last = pooled(None, -1)  # the final post-norm state
+    assert float(last.median()) < 0.03 and float(last.max()) < 0.2, (last.median(), last.max())
+
+
+def test_chunked_prefill_of_a_long_prompt_gives_the_one_pass_data(
+    env: dict[str, Any], samples: list[PreparedSample], demo_model: Path
+) -> None:
+    """The server runs with --chunked-prefill-size 16: the long sample reaches the hook in >= 7 chunks;
+    the transformers engine computes it in one pass."""
+    from eagle3.engines.transformers_engine import TransformersEngine
+
+    long = [s for s in samples if len(s) > 100]
+    assert env["cfg"].server.chunked_prefill_size == 16 and long
+    ref = {o.sample.sample_id: o for o in TransformersEngine(demo_model, device="cpu").extract(long)}
+    got = collect(engine_for(env, "chunked"), long)
+    for s in long:
+        g, r = got[s.sample_id], ref[s.sample_id]
+        for k in range(len(AUX)):
+            assert_same_layer(g.aux_hidden_states[:, k], r.aux_hidden_states[:, k], f"{s.sample_id} aux {k}")
+        assert_same_layer(g.last_hidden_state, r.last_hidden_state, f"{s.sample_id} last")
+
+
+def test_window_4_gives_the_same_data_as_window_1(env: dict[str, Any], samples: list[PreparedSample]) -> None:
+    one = collect(engine_for(env, "w1", window=1), samples)
+    four = collect(engine_for(env, "w4", window=4), samples)
+    assert one.keys() == four.keys() == {s.sample_id for s in samples}
+    for sid in one:
+        assert torch.equal(one[sid].input_ids, four[sid].input_ids)
+        assert torch.equal(one[sid].loss_mask, four[sid].loss_mask)
+        # Batched rows may round differently in bf16; a swapped or shifted sample would be far off.
+        for k in range(len(AUX)):
+            assert_same_layer(four[sid].aux_hidden_states[:, k], one[sid].aux_hidden_states[:, k], f"{sid} aux {k}")
+        assert_same_layer(four[sid].last_hidden_state, one[sid].last_hidden_state, f"{sid} last")
+
+
+def test_health_checks_warm_up_and_foreign_requests_leave_no_files(env: dict[str, Any]) -> None:
+    server: SGLangServer = env["server"]
+    for _ in range(2):
+        assert server.healthy()
+    r = httpx.post(
+        f"{server.url}/generate",
+        json={"input_ids": [1, 2, 3, 4], "rid": "someone-else-1", "sampling_params": {"max_new_tokens": 0}},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    leftovers = [p.name for p in env["dump_dir"].iterdir() if p.name != proto.STATUS_DIR]
+    assert leftovers == []
+
+
+def test_a_request_without_its_request_file_gets_an_error_file_and_the_server_lives(env: dict[str, Any]) -> None:
+    server: SGLangServer = env["server"]
+    rid = proto.make_rid("noreq", "x")
+    r = httpx.post(
+        f"{server.url}/generate",
+        json={"input_ids": [1, 2, 3, 4, 5], "rid": rid, "sampling_params": {"max_new_tokens": 0}},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    for _ in range(100):
+        if proto.error_path(env["dump_dir"], rid).exists():
+            break
+        time.sleep(0.05)
+    assert "no request file" in (proto.read_error(env["dump_dir"], rid) or "")
+    assert json.loads(proto.error_path(env["dump_dir"], rid).read_text())["rid"] == rid
+    proto.error_path(env["dump_dir"], rid).unlink()
+    assert server.healthy() and not proto.dump_path(env["dump_dir"], rid).exists()
+
+
+class Counting:
+    def __init__(self, inner: SGLangEngine):
+        self.inner, self.info, self.calls = inner, inner.info, 0
+
+    def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
+        self.calls += len(samples)
+        yield from self.inner.extract(samples)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_extracting_a_shard_twice_does_no_work_the_second_time(
+    env: dict[str, Any], samples: list[PreparedSample], demo_model: Path
+) -> None:
+    cfg = env["cfg"].model_copy(deep=True)
+    cfg.run_dir = str(env["root"] / "store")
+    store = RunStore(cfg.run_dir)
+    write_prepared(store, demo_model, samples[:3])
+    engine = Counting(engine_for(env, "twice"))
+    info = open_run(cfg, store, demo_model, engine.info)
+    assert (info.engine, info.aux_layers, info.engine_layer_ids) == ("sglang", AUX, [1, 14, 26])
+    m = extract_shard(store, 0, engine, info)
+    assert m.status == "complete" and engine.calls == 3 and not m.errors
+    for s in store.prepared_samples(0):
+        assert store.open_sample(0, s.sample_id).loss_mask.tolist() == s.loss_mask
+    again = Counting(engine_for(env, "twice"))
+    m2 = extract_shard(store, 0, again, info)
+    assert again.calls == 0 and m2.samples == m.samples
+    assert [p.name for p in env["dump_dir"].iterdir() if p.name != proto.STATUS_DIR] == []
