@@ -6,7 +6,8 @@
 
 `run` times, in one process per GPU (one compile): (1) `memory`: the same few batches already on the GPU,
 the step alone; (2) `disk`: the trainer's own loader (memory-mapped sample files, background threads, side
-stream copy) after evicting the store from the page cache. It prints one JSON line per mode (rank 0) with
+stream copy), evicting the store from the page cache after every step so that reads come from the device.
+It prints one JSON line per mode (rank 0) with
 tokens/s per GPU, MFU, the data loader's share of step time, and peak memory.
 
 MFU = model FLOPs per token x tokens/s / peak, peak = 989 TFLOP/s (H200 dense bf16 datasheet). Model FLOPs
@@ -95,8 +96,11 @@ def evict(paths: list[Path]) -> None:
             os.close(fd)
 
 
-def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int) -> dict[str, Any]:
+def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int, evict_each: bool) -> dict[str, Any]:
+    """Median step time after `warmup` steps; `evict_each`: drop the store from the page cache after every
+    step, so every read in the timed steps comes from the device, not from memory."""
     times, tokens = [], []
+    files = [s.path for s in trainer.stream.samples]
     wait0 = trainer.stream.wait_s
     t_start = 0.0
     for n, batch in enumerate(batches):
@@ -108,6 +112,10 @@ def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int) -> dict
         out = trainer.train_step(batch)  # ends in a device sync (loss and grad norm to the host)
         times.append(time.perf_counter() - t0)
         tokens.append(out.tokens)
+        if evict_each:
+            evict(files)
+        if trainer.rank == 0 and n < warmup:
+            print(json.dumps({"warmup_step": n, "s": times[-1]}), flush=True)
         if n + 1 == warmup + steps:
             break
     wall = time.perf_counter() - t_start
@@ -151,7 +159,10 @@ def run(args: argparse.Namespace) -> None:
         out_dir=str(root / f"out-{world}"),
         device=args.device,
     )
+    t0 = time.perf_counter()
     trainer = Trainer.build(job, rank=rank, world=world, local_rank=local)
+    if rank == 0:
+        print(json.dumps({"built_s": time.perf_counter() - t0}), flush=True)
     d = trainer.model.cfg
     fpt = flops_per_token(
         d.hidden_size,
@@ -180,7 +191,7 @@ def run(args: argparse.Namespace) -> None:
                 batches = (b for _, b in trainer.stream.iterate(trainer.pos))
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            r = timed_steps(trainer, batches, args.steps, args.warmup)
+            r = timed_steps(trainer, batches, args.steps, args.warmup, evict_each=mode == "disk")
             r.update(
                 mode=mode,
                 gpus=world,
@@ -227,7 +238,7 @@ def check(args: argparse.Namespace) -> None:
         for attend in (flex(doc), dense_attend(doc)):
             out = ttt_attention(q, cache, attend)
             g = torch.autograd.grad((out.float() ** 2).sum(), [q, *[t for kv in cache for t in kv]])
-            grads.append((out.float(), [x.float() for x in g]))
+            grads.append((out.detach().float(), [x.float() for x in g]))
         (o1, g1), (o2, g2) = grads
         rel = [float((a - b).norm() / b.norm()) for a, b in zip([o1, *g1], [o2, *g2], strict=True)]
         print(json.dumps({"check": "flex_vs_dense", "steps": steps, "max_rel_err": max(rel), "rel": rel}), flush=True)
