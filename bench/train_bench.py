@@ -139,18 +139,20 @@ def run(args: argparse.Namespace) -> None:
     if world > 1:
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
     root = Path(args.root)
-    cfg = TrainConfig(
-        batch_tokens=args.batch_tokens,
-        ttt_steps=args.ttt_steps,
-        draft_vocab_size=shape(args)["draft_vocab_size"],
-        max_steps=10_000,
-        log_every=10_000,
-        checkpoint_every=10_000,
-        warmup_steps=10,
-        compile=args.compile,
-        target_chunk_tokens=args.chunk,
-        loader_threads=args.threads,
-        prefetch_batches=args.prefetch,
+    cfg = TrainConfig.model_validate(
+        {
+            "batch_tokens": args.batch_tokens,
+            "ttt_steps": args.ttt_steps,
+            "draft_vocab_size": shape(args)["draft_vocab_size"],
+            "max_steps": 10_000,
+            "log_every": 10_000,
+            "checkpoint_every": 10_000,
+            "warmup_steps": 10,
+            "compile": args.compile,
+            "target_chunk_tokens": args.chunk,
+            "loader_threads": args.threads,
+            "prefetch_batches": args.prefetch,
+        }
     )
     job = TrainJob(
         train=cfg,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,33 @@ def test_torchrun_with_two_gloo_processes_averages_the_gradient_of_one_process(s
         norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in t.params]))
     assert rec[1]["loss"] == pytest.approx(sum(losses) / 2, rel=1e-5)
     assert rec[1]["grad_norm"] == pytest.approx(float(norm), rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_worker_killed_at_a_random_moment_resumes_to_the_same_losses(store: Path, tmp_path: Path) -> None:
+    with Trainer.build(job(store, tmp_path / "straight", max_steps=12)) as t:
+        t.run()
+    straight = metrics(tmp_path / "straight")
+
+    out = tmp_path / "killed"
+    write_job(tmp_path / "job.json", job(store, out, max_steps=12, checkpoint_every=2))
+    cmd = [sys.executable, "-m", "eagle3.train_worker", str(tmp_path / "job.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for _ in range(1200):  # SIGKILL once step 5 is logged: wherever the worker is then, mid-step or mid-save
+            if (out / "metrics.jsonl").is_file() and len((out / "metrics.jsonl").read_text().splitlines()) >= 5:
+                break
+            if proc.poll() is not None:
+                pytest.fail(f"worker ended early: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            time.sleep(0.1)
+        proc.kill()
+    finally:
+        proc.wait()
+    assert proc.returncode == -9
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = metrics(out)
+    assert sorted(resumed) == list(range(1, 13))
+    for step in range(1, 13):
+        assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], abs=1e-5), step
