@@ -125,8 +125,10 @@ class TrainConfig(StrictModel):
     log_every: int = Field(10, gt=0, description="Steps between metric reports.")
     seed: int = Field(0, description="Data order and init seed.")
     # added with the trainer (eagle3/train.py) ---------------------------------------------------
-    precision: Literal["bf16", "fp32"] = Field(
-        "bf16", description="`bf16`: bf16 autocast over fp32 master weights. `fp32`: no autocast (CPU tests)."
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto",
+        description="`bf16`: bf16 autocast over fp32 master weights. `fp32`: no autocast. "
+        "`auto`: bf16 on CUDA, fp32 on CPU (where bf16 matmuls are slow).",
     )
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="Cosine decay ends at lr * min_lr_ratio.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW decoupled weight decay.")

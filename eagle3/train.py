@@ -159,6 +159,7 @@ class Reporter:
 class Trainer:
     def __init__(self, job: TrainJob, *, rank: int, world: int, device: torch.device) -> None:
         self.job, self.cfg, self.rank, self.world, self.device = job, job.train, rank, world, device
+        self.bf16 = job.train.precision == "bf16" or (job.train.precision == "auto" and device.type == "cuda")
         self.out_dir, self.ckpt_dir = Path(job.out_dir), Path(job.out_dir) / "checkpoints"
         run_dir = Path(job.run_dir)
         info = RunInfo.model_validate(read_json(run_dir / "run.json"))
@@ -167,7 +168,7 @@ class Trainer:
         dcfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
         self._check(info, dcfg, t2d)
 
-        dtype = torch.bfloat16 if self.cfg.precision == "bf16" else torch.float32
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
         tied = bool(target_cfg.get("tie_word_embeddings", False))
         keys = {
             "embedding": "model.embed_tokens.weight",
@@ -254,8 +255,7 @@ class Trainer:
         return self.flex(doc) if self.flex is not None else dense_attend(doc)
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
-        bf16 = self.cfg.precision == "bf16"
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     # the step ---------------------------------------------------------------------------------------------------
     def train_step(self, batch: PackedBatch) -> StepOut:
@@ -263,7 +263,7 @@ class Trainer:
         c, m = self.cfg, self.model
         target = target_distribution(batch.last_hidden, self.lm_head, m.d2t, m.t2d, c.target_chunk_tokens)
         attend = self.attend_for(batch.doc)
-        aux = batch.aux_hidden if c.precision == "bf16" else batch.aux_hidden.float()  # [N, K, H]
+        aux = batch.aux_hidden if self.bf16 else batch.aux_hidden.float()  # [N, K, H]
         with self.autocast():
             logits = self.ddp(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
         out = ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens)
