@@ -160,3 +160,26 @@ def test_step_i_logits_at_t_depend_only_on_tokens_up_to_t_plus_1_plus_i_and_aux_
         ids3 = ids.clone()
         ids3[t + 1 + i] = (ids3[t + 1 + i] + 1) % 100
         assert not torch.allclose(run(ids3, aux)[i][t], base[i][t])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention path runs on CUDA")
+def test_flex_attention_matches_the_dense_reference_forward_and_backward_on_cuda() -> None:
+    from eagle3.draft.model import FlexAttend
+
+    torch.manual_seed(0)
+    n, nh, nkv, hd = 1024, 8, 2, 64
+    doc = torch.repeat_interleave(torch.arange(4, device="cuda"), torch.tensor([300, 200, 400, 124], device="cuda"))
+    flex = FlexAttend()
+    q = torch.randn(n, nh, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cache = [
+        tuple(torch.randn(n, nkv, hd, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+        for _ in range(3)
+    ]
+    leaves = [q, *[t for kv in cache for t in kv]]
+    results = []
+    for attend in (flex(doc), dense_attend(doc)):
+        out = ttt_attention(q, cache, attend)  # type: ignore[arg-type]
+        grads = torch.autograd.grad((out.float() ** 2).sum(), leaves)
+        results.append([out.detach().float(), *[g.float() for g in grads]])
+    for a, b in zip(*results, strict=True):
+        assert float((a - b).norm() / b.norm()) < 2e-2
