@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import hashlib
+import logging
 import os
 import threading
 import time
@@ -57,6 +58,8 @@ def build_sglang_engine(
     store's filesystem, so moving a dump in is a rename), the server log under <run_dir>/server/."""
     run_dir = Path(cfg.run_dir)
     dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else run_dir / "dump"
+    if on_line is None:  # the server log, line by line, to a logger a Prefect task can forward
+        on_line = logging.getLogger("eagle3.sglang").info
     return SGLangEngine(cfg, model_dir, run_id_of(run_dir), dump_dir, base_env=base_env, on_line=on_line)
 
 
