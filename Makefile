@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_API_URL ?= http://127.0.0.1:4200/api
 
-.PHONY: venv demo test lint serve-prefect stop-prefect clean
+.PHONY: venv sglang-env demo test lint serve-prefect stop-prefect clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# SGLang 0.5.23 + the server_patch plugin (+ a stub libcuda without a GPU) in .venv-sglang; cached by a stamp.
+sglang-env:
+	bash deploy/sglang_env.sh
+
 demo: venv
 	bash deploy/prefect_server.sh start
 	$(BIN)/eagle3 run configs/demo.yaml
@@ -28,7 +32,7 @@ lint: venv
 	$(BIN)/ruff check eagle3 flows tasks server_patch deploy tests bench
 	$(BIN)/mypy eagle3 flows tasks server_patch
 
-test: venv lint
+test: venv lint sglang-env
 	bash deploy/run_tests.sh
 
 serve-prefect: venv
