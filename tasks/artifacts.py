@@ -148,6 +148,7 @@ class TaskProgress:
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
         self._final_logged: tuple[int, int, int] | None = None
+        self._stage: str | None = None
         self.last: Progress | None = None
 
     def start(self, total: int) -> None:
@@ -155,8 +156,11 @@ class TaskProgress:
 
     def __call__(self, p: Progress) -> None:
         self.last = p
+        self._stage = self._stage or p.stage
         final = p.total > 0 and p.done >= p.total
         extra = ", ".join(f"{n} {k}" for k, n in (("skipped", p.skipped), ("failed", p.failed)) if n)
+        if p.stage != self._stage:  # a second phase of the same call (e.g. synthesize, then tokenize)
+            extra = ", ".join(x for x in (p.stage, extra) if x)
         self.own.update(
             100 * p.fraction, describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra), force=final
         )
