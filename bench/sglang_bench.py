@@ -1,0 +1,133 @@
+"""Extraction through SGLang with the hook vs the same server's plain prefill, at window 1 and 4.
+
+    .venv/bin/python bench/sglang_bench.py [--samples 24] [--tokens 256] [--repeats 3] [--windows 1 4]
+
+Two launches of the same SGLang (server.python, default .venv-sglang): one with the capture flags and
+the hook (EAGLE3_DUMP_DIR set), one plain (no capture flags, plugin inert). The same requests go to both
+(`max_new_tokens: 0`): the plain run only POSTs /generate; the hook run is the real extraction client
+(request file, /generate, wait for the dump, header + ids + mask check), so the overhead includes the
+copy off the device, the write and the client's checks. Each cell is the best of `--repeats` passes after
+a warm-up pass (the CPU here is shared). Prints a markdown table for docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eagle3.config import PipelineConfig
+from eagle3.engines.base import Dumped
+from eagle3.engines.sglang_engine import SGLangEngine
+from eagle3.model_files import read_model_facts, resolve_model
+from eagle3.server import SGLangServer
+from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.store import PreparedSample
+
+
+def make_samples(model_dir: Path, prompts: Path, n: int, tokens: int) -> list[PreparedSample]:
+    """Chats of about `tokens` tokens: consecutive demo conversations joined into one multi-turn chat."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    rows = [json.loads(line)["messages"] for line in prompts.read_text().splitlines() if line.strip()]
+    out, i = [], 0
+    while len(out) < n:
+        messages: list[dict[str, str]] = []
+        ids: list[int] = []
+        while len(ids) < tokens:
+            messages += rows[i % len(rows)]
+            i += 1
+            ids = list(tok.apply_chat_template(messages, tokenize=True, return_dict=True)["input_ids"])
+        out.append(PreparedSample(f"b{len(out):04d}", ids, [1] * len(ids), "bench"))
+    return out
+
+
+def timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
+    fn()  # warm-up
+    return min(_clock(fn) for _ in range(repeats))
+
+
+def _clock(fn) -> float:  # type: ignore[no-untyped-def]
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def plain_pass(url: str, samples: list[PreparedSample], window: int) -> None:
+    def one(s: PreparedSample) -> None:
+        body = {"input_ids": s.input_ids, "rid": f"bench-{s.sample_id}", "sampling_params": {"max_new_tokens": 0}}
+        r = httpx.post(f"{url}/generate", json=body, timeout=600)
+        r.raise_for_status()
+        assert r.json()["meta_info"]["prompt_tokens"] == len(s)
+
+    with cf.ThreadPoolExecutor(window) as pool:
+        list(pool.map(one, samples))
+
+
+def hook_pass(engine: SGLangEngine, samples: list[PreparedSample]) -> None:
+    for o in engine.extract(samples):
+        assert isinstance(o, Dumped), getattr(o, "reason", o)
+        o.path.unlink()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--prompts", default="data/demo_prompts.jsonl")
+    ap.add_argument("--samples", type=int, default=24)
+    ap.add_argument("--tokens", type=int, default=256, help="approximate tokens per sample")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--windows", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--port", type=int, default=30911)
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="sglang-bench-"))
+    server_cfg = {"engine": "sglang", "device": args.device, "port": args.port}
+    if args.device == "cpu":
+        server_cfg["max_total_tokens"] = 16384
+    cfg = PipelineConfig.model_validate({"run_dir": str(work / "run"), "model": args.model, "server": server_cfg})
+    model_dir = resolve_model(cfg.model, Path(cfg.data_dir))
+    facts = read_model_facts(model_dir)
+    layers = sglang_layer_ids(facts.model_type, [2, facts.num_layers // 2, facts.num_layers - 3], facts.num_layers)
+    samples = make_samples(model_dir, Path(args.prompts), args.samples, args.tokens)
+    total = sum(len(s) for s in samples)
+    env = dict(os.environ)
+    results: dict[tuple[str, int], float] = {}
+
+    plain = SGLangServer(cfg.server, model_dir, dump_dir=None, layers=None, log_dir=work / "plain", base_env=env)
+    with plain:
+        for w in args.windows:
+            results[("plain prefill", w)] = timed(lambda w=w: plain_pass(plain.url, samples, w), args.repeats)
+    dump_dir = work / "dump"
+    hooked = SGLangServer(cfg.server, model_dir, dump_dir=dump_dir, layers=layers, log_dir=work / "hook", base_env=env)
+    with hooked:
+        for w in args.windows:
+            c = cfg.model_copy(deep=True)
+            c.extract.window = w
+            engine = SGLangEngine(c, model_dir, f"bench{w}", dump_dir, server=hooked)
+            results[("hook + client", w)] = timed(lambda e=engine: hook_pass(e, samples), args.repeats)
+
+    shape = f"{facts.model_type} {facts.num_layers} layers hidden {facts.hidden_size}"
+    print(f"\n{len(samples)} samples, {total} tokens ({total / len(samples):.0f}/sample), {shape}, ", end="")
+    print(f"device {args.device}, best of {args.repeats}\n")
+    print("| mode | window | seconds | tokens/s | overhead vs plain |")
+    print("|---|---:|---:|---:|---:|")
+    for (mode, w), sec in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0] != "plain prefill")):
+        base = results.get(("plain prefill", w))
+        over = f"{100 * (sec / base - 1):+.1f}%" if base and mode != "plain prefill" else ""
+        print(f"| {mode} | {w} | {sec:.2f} | {total / sec:.0f} | {over} |")
+
+
+if __name__ == "__main__":
+    main()
