@@ -1,8 +1,8 @@
 """The pipeline against a real local Prefect server, on six short conversations with the demo model.
 
-One module-scoped run (through the `eagle3` CLI, as a user would) feeds the checks: a verified store,
-artifacts in the API, a re-run that does no model work; then a run with a broken sample ends Failed,
-naming its shard, while the other shards complete.
+One module-scoped run of prepare -> synthesize -> extract -> convert (through the `eagle3` CLI, as a
+user would) feeds the checks: a verified store, artifacts in the API, a re-run that does no model work;
+then a run with a broken sample ends Failed, naming its shard, while the other shards complete.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ QUESTIONS = [
 ]
 
 
-def write_config(tmp: Path, name: str, **extra: Any) -> Path:
+def write_config(tmp: Path, name: str, stages: tuple[str, ...] = ("prepare", "synthesize", "extract")) -> Path:
     data = tmp / "prompts.jsonl"
     with data.open("w") as f:
         for q in QUESTIONS:
@@ -43,12 +43,12 @@ def write_config(tmp: Path, name: str, **extra: Any) -> Path:
         "run_dir": str(tmp / name),
         "model": "demo",
         "data_dir": str(REPO / "data"),
-        "stages": ["prepare", "synthesize", "extract"],
+        "stages": list(stages),
         "data": {"dataset": str(data), "max_length": 128, "shard_size": 2},
         "synthesize": {"max_new_tokens": 8, "batch_size": 6},
         "server": {"engine": "transformers", "device": "cpu"},
         "extract": {"shard_retries": 1},
-        **extra,
+        "train": {"draft_vocab_size": 64},
     }
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -81,7 +81,7 @@ def task_runs_of(flow_run_name_prefix: str, flow_run_id: Any) -> list[Any]:
 def demo_run(prefect_server: str, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The pipeline run once through the CLI; returns (config path, CLI stdout)."""
     tmp = tmp_path_factory.mktemp("e2e")
-    path = write_config(tmp, "run")
+    path = write_config(tmp, "run", ("prepare", "synthesize", "extract", "convert"))
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
     proc = subprocess.run(
         [sys.executable, "-m", "eagle3.cli", "run", str(path)],
@@ -108,6 +108,8 @@ def test_cli_run_builds_a_complete_verified_store(demo_run: tuple[Path, str]) ->
         assert m.status == "complete" and len(m.samples) == m.expected == 2 and not m.errors
         for sample in store.prepared_samples(m.shard):
             store.verify(m.shard, sample, info, m.samples[sample.sample_id].crc32)
+    convert = json.loads((store.root / "convert.json").read_text())  # the convert stage ran last
+    assert convert["num_samples"] == 6 and Path(convert["vocab_map_path"]).is_file()
 
 
 def test_artifacts_show_full_progress_the_shard_table_and_a_summary(demo_run: tuple[Path, str]) -> None:
@@ -123,7 +125,7 @@ def test_artifacts_show_full_progress_the_shard_table_and_a_summary(demo_run: tu
     ]
     summary = latest_artifact("run-extract-summary")
     assert "6 / 6" in summary.data and "transformers" in summary.data and "[2, 15, 27]" in summary.data
-    for stage in ("prepare", "synthesize"):
+    for stage in ("prepare", "synthesize", "convert"):
         assert float(latest_artifact(f"run-{stage}-progress").data) == 100.0
 
 
