@@ -25,7 +25,7 @@ from eagle3.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Ou
 from eagle3.fsio import move_into, remove_stale_temps
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.sample_format import SampleFormatError, encode_sample, record_of, verify_sample, write_sample
+from eagle3.sample_format import SampleFormatError, encode_sample_parts, record_of, verify_sample, write_sample_parts
 from eagle3.store import DTYPES, PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
 from eagle3.versions import library_versions
 
@@ -366,10 +366,10 @@ def write_captured(
         )
     ids = torch.tensor(s.input_ids, dtype=torch.int64)  # [T]
     mask = torch.tensor(s.loss_mask, dtype=torch.uint8)  # [T]
-    data = encode_sample(s.sample_id, info.aux_layers, ids, mask, aux, last)
+    parts = encode_sample_parts(s.sample_id, info.aux_layers, ids, mask, aux, last)  # header + views, no copy
     if guard is not None:
-        guard(len(data))
-    rec = write_sample(store.sample_path(shard, s.sample_id), data)
+        guard(sum(len(p) for p in parts))
+    rec = write_sample_parts(store.sample_path(shard, s.sample_id), parts, t)
     return SampleEntry(num_tokens=rec.num_tokens, num_bytes=rec.num_bytes, crc32=rec.crc32)
 
 

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,19 @@ def fsync_dir(path: Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     """Write data to path so that path is either absent, the old content, or all of data."""
+    atomic_write_parts(path, [data])
+
+
+def atomic_write_parts(path: Path, parts: Sequence[bytes | memoryview]) -> None:
+    """atomic_write_bytes of the concatenation of parts, without building it (the parts can be views
+    of tensor memory; each write releases the GIL)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            for part in parts:
+                f.write(part)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load, save
 
-from eagle3.fsio import atomic_write_bytes
+from eagle3.fsio import atomic_write_bytes, atomic_write_parts
 
 FORMAT = "eagle3-sample/1"
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state")
@@ -60,6 +60,61 @@ def encode_sample(
     aux_hidden_states: torch.Tensor,
     last_hidden_state: torch.Tensor,
 ) -> bytes:
+    tensors = _sample_tensors(sample_id, aux_layers, input_ids, loss_mask, aux_hidden_states, last_hidden_state)
+    return save(tensors, metadata=_metadata(sample_id, aux_layers))
+
+
+def encode_sample_parts(
+    sample_id: str,
+    aux_layers: list[int],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    aux_hidden_states: torch.Tensor,
+    last_hidden_state: torch.Tensor,
+) -> list[bytes | memoryview]:
+    """The same file as `encode_sample`, as [header, raw bytes of each tensor] with no copy of the
+    tensor data, for `write_sample_parts` to stream to disk. The layout follows safetensors: data
+    ordered by element size (largest first) then name, header JSON padded with spaces to 8 bytes."""
+    tensors = _sample_tensors(sample_id, aux_layers, input_ids, loss_mask, aux_hidden_states, last_hidden_state)
+    header: dict = {"__metadata__": _metadata(sample_id, aux_layers)}
+    views: list[bytes | memoryview] = []
+    offset = 0
+    for key in sorted(tensors, key=lambda k: (-tensors[k].element_size(), k)):
+        x = tensors[key]
+        raw = x.reshape(-1).view(torch.uint8).numpy()  # the tensor's own memory, as bytes
+        header[key] = {
+            "dtype": _DTYPE_NAMES[x.dtype],
+            "shape": list(x.shape),
+            "data_offsets": [offset, offset + raw.nbytes],
+        }
+        views.append(raw.data)
+        offset += raw.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return [struct.pack("<Q", len(head)) + head, *views]
+
+
+def write_sample_parts(path: Path, parts: list[bytes | memoryview], num_tokens: int) -> SampleRecord:
+    """Atomically write what `encode_sample_parts` returned; returns the manifest record."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    atomic_write_parts(path, parts)
+    return SampleRecord(num_tokens=num_tokens, num_bytes=sum(len(p) for p in parts), crc32=f"{crc:08x}")
+
+
+def _metadata(sample_id: str, aux_layers: list[int]) -> dict[str, str]:
+    return {"format": FORMAT, "sample_id": sample_id, "aux_layers": ",".join(map(str, aux_layers))}
+
+
+def _sample_tensors(
+    sample_id: str,
+    aux_layers: list[int],
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    aux_hidden_states: torch.Tensor,
+    last_hidden_state: torch.Tensor,
+) -> dict[str, torch.Tensor]:
     t = input_ids.shape[0]
     if loss_mask.shape != (t,) or aux_hidden_states.shape[0] != t or last_hidden_state.shape[0] != t:
         raise SampleFormatError(
@@ -70,14 +125,12 @@ def encode_sample(
         raise SampleFormatError(
             f"sample {sample_id}: aux_hidden_states has {aux_hidden_states.shape[1]} layers, expected {len(aux_layers)}"
         )
-    tensors = {
+    return {
         "input_ids": input_ids.to(torch.int64).contiguous(),
         "loss_mask": loss_mask.to(torch.uint8).contiguous(),
         "aux_hidden_states": aux_hidden_states.contiguous(),
         "last_hidden_state": last_hidden_state.contiguous(),
     }
-    meta = {"format": FORMAT, "sample_id": sample_id, "aux_layers": ",".join(map(str, aux_layers))}
-    return save(tensors, metadata=meta)
 
 
 def write_sample(path: Path, data: bytes) -> SampleRecord:

@@ -8,17 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save
+from safetensors.torch import load, save
 
 from eagle3.sample_format import (
     FORMAT,
     SampleFormatError,
     check_header,
     encode_sample,
+    encode_sample_parts,
     read_sample,
     record_of,
     verify_sample,
     write_sample,
+    write_sample_parts,
 )
 
 T, K, H = 7, 3, 16
@@ -156,3 +158,42 @@ def test_the_header_records_format_sample_id_and_layers(tmp_path: Path) -> None:
     (n,) = struct.unpack("<Q", data[:8])
     meta = json.loads(data[8 : 8 + n])["__metadata__"]
     assert meta == {"format": FORMAT, "sample_id": "s-1", "aux_layers": "2,4,6"}
+
+
+def split_file(data: bytes) -> tuple[dict, bytes]:
+    (n,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8 : 8 + n]), data[8 + n :]
+
+
+@pytest.mark.parametrize("t", [1, 7, 33])
+def test_the_streamed_encoding_is_the_same_file_as_safetensors_save(tmp_path: Path, t: int) -> None:
+    x = make_tensors(t)
+    whole = encode_sample("s-1", LAYERS, *x.values())
+    parts = encode_sample_parts("s-1", LAYERS, *x.values())
+    joined = b"".join(parts)
+    assert len(joined) == len(whole)
+    assert split_file(joined) == split_file(whole)  # same header (as JSON) and the same data bytes
+    assert len(split_file(joined)[0]) == 5 and (8 + struct.unpack("<Q", joined[:8])[0]) % 8 == 0
+    back = load(joined)
+    assert all(torch.equal(back[k], v) for k, v in x.items())
+
+
+def test_a_streamed_write_reads_back_and_its_record_matches_the_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "s.safetensors"
+    x = make_tensors()
+    aux = torch.randn(T + 3, K, H).bfloat16()[:T]  # a view of a bigger (padded) batch, as the engine hands over
+    x["aux_hidden_states"] = aux
+    rec = write_sample_parts(path, encode_sample_parts("s-1", LAYERS, *x.values()), T)
+    data = path.read_bytes()
+    assert rec == record_of(data)
+    assert check(path) == T
+    verify_sample(path, num_tokens=T, num_aux=K, hidden_size=H, dtype=torch.bfloat16, crc32=rec.crc32)
+    assert torch.equal(read_sample(path).aux_hidden_states, aux)
+
+
+def test_the_streamed_encoding_checks_token_counts_like_encode_sample() -> None:
+    x = make_tensors()
+    with pytest.raises(SampleFormatError, match="token counts"):
+        encode_sample_parts(
+            "s", LAYERS, x["input_ids"], x["loss_mask"][:-1], x["aux_hidden_states"], x["last_hidden_state"]
+        )
