@@ -39,6 +39,10 @@ SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.sh
 SHARD_RETRY_DELAY_S = 5
 REPORT_TIMEOUT_S = 10 * 60
 GB = 1e9
+RETRY_HINT = (
+    "Fix the cause (the first error says it), then run extraction again (`eagle3 run CONFIG --stages extract`): "
+    "complete shards are skipped and only the missing samples are redone."
+)
 
 _ENGINES: dict[str, Engine] = {}
 
@@ -222,6 +226,12 @@ def report_extract_task(config: PipelineConfig, plan: ExtractPlan, failures: dic
     table_artifact(
         run_key(config.run_dir, "extract-shards"), rows, f"Shards of {summary.run_dir}: {len(failed)} not complete"
     )
+    failed_rows = [{**r, "log": log_of(store, manifests[r["shard"]])} for r in rows if r["shard"] in failed]
+    table_artifact(  # written every run, so the latest version under this key is always current
+        run_key(config.run_dir, "extract-failed-shards"),
+        failed_rows,
+        f"{len(failed)} shards not complete. {RETRY_HINT}" if failed else "No failed shards.",
+    )
     markdown_artifact(run_key(config.run_dir, "extract-summary"), summary_markdown(summary, info), "Extraction summary")
     finish_run_progress(
         plan.progress,
@@ -244,6 +254,12 @@ def report_extract_task(config: PipelineConfig, plan: ExtractPlan, failures: dic
 
 def not_complete(row: dict[str, Any], failures: dict[int, str]) -> bool:
     return row["status"] != "complete" or row["shard"] in failures
+
+
+def log_of(store: RunStore, m: ShardManifest | None) -> str:
+    if m is None:
+        return "no manifest: the task failed before the shard started (see the task run's logs)"
+    return m.log or str(store.manifest_path(m.shard))
 
 
 def shard_row(shard: int, expected: int, m: ShardManifest | None, failure: str | None) -> dict[str, Any]:
@@ -289,8 +305,5 @@ def extract_outcome(summary: ExtractSummary) -> ExtractSummary | State:
     if not summary.failed:
         return summary
     names = "; ".join(f"shard {k}: {v}" for k, v in sorted(summary.failed.items()))
-    message = (
-        f"{len(summary.failed)} of {len(summary.shards)} shards did not complete ({names}). "
-        f"Fix the cause and re-run: finished samples are kept."
-    )
+    message = f"{len(summary.failed)} of {len(summary.shards)} shards did not complete ({names}). {RETRY_HINT}"
     return Failed(message=message, data=ExtractIncomplete(message))

@@ -123,6 +123,7 @@ def test_artifacts_show_full_progress_the_shard_table_and_a_summary(demo_run: tu
         (1, "complete", 2),
         (2, "complete", 2),
     ]
+    assert latest_artifact("run-extract-failed-shards").description == "No failed shards."
     summary = latest_artifact("run-extract-summary")
     assert "6 / 6" in summary.data and "transformers" in summary.data and "[2, 15, 27]" in summary.data
     for stage in ("prepare", "synthesize", "convert"):
@@ -178,3 +179,6 @@ def test_a_broken_sample_fails_the_flow_naming_its_shard_while_others_complete(
     rows = json.loads(rows) if isinstance(rows, str) else rows
     assert [(r["shard"], r["status"]) for r in rows] == [(0, "complete"), (1, "partial"), (2, "complete")]
     assert "out of range" in rows[1]["error"]
+    failed = latest_artifact("broken-extract-failed-shards")
+    failed_rows = json.loads(failed.data) if isinstance(failed.data, str) else failed.data
+    assert [r["shard"] for r in failed_rows] == [1] and "--stages extract" in (failed.description or "")
