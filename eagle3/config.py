@@ -98,6 +98,11 @@ class ExtractConfig(StrictModel):
         None, description="sglang engine: where the server writes dumps (None: <run_dir>/dump, same filesystem)."
     )
     shard_retries: int = Field(2, ge=0, le=20, description="Prefect retries of a failed shard task.")
+    sglang_layer_ids: list[int] | None = Field(
+        None,
+        description="sglang engine: --return-aux-hidden-state-layer-ids for a model family without a known rule "
+        "(eagle3/sglang_layers.py). The hook checks at start-up that SGLang then captures exactly aux_layers.",
+    )
 
 
 class DiskConfig(StrictModel):

@@ -159,7 +159,7 @@ def _check_layers(cfg: PipelineConfig, report: DoctorReport, model_dir: Path) ->
     facts = read_model_facts(model_dir)
     try:
         aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
-        layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers)
+        layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, cfg.extract.sglang_layer_ids)
     except (ValueError, LayerMappingError) as e:
         report.add("layers", "fail", str(e))
         return None

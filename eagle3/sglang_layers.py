@@ -57,14 +57,28 @@ class SGLangLayers:
         return ["--return-aux-hidden-state-layer-ids", *map(str, self.layer_ids)]
 
 
-def sglang_layer_ids(model_type: str, aux_layers: list[int], num_layers: int) -> SGLangLayers:
-    """The SGLang ids that make SGLang capture exactly `aux_layers` (HF indices, strictly increasing)."""
+def sglang_layer_ids(
+    model_type: str, aux_layers: list[int], num_layers: int, override: list[int] | None = None
+) -> SGLangLayers:
+    """The SGLang ids that make SGLang capture exactly `aux_layers` (HF indices, strictly increasing).
+
+    `override` (extract.sglang_layer_ids) is taken as given for a family without a rule; the hook still
+    refuses to dump unless SGLang's resolved layers_to_capture equal `aux_layers`."""
     family = FAMILIES.get(model_type)
+    if override is not None:
+        if len(override) != len(aux_layers):
+            raise LayerMappingError(
+                f"extract.sglang_layer_ids {override} must name as many layers as extract.aux_layers {aux_layers}"
+            )
+        return SGLangLayers(
+            list(aux_layers), list(override), f"sglang {model_type}: ids set by extract.sglang_layer_ids"
+        )
     if family is None:
         raise LayerMappingError(
             f"model_type {model_type!r}: no SGLang layer-id rule is known for this family (known: "
-            f"{', '.join(sorted(FAMILIES))}). Read its set_eagle3_layers_to_capture in sglang/srt/models/ "
-            "and add the family to eagle3/sglang_layers.py FAMILIES, or use the transformers engine."
+            f"{', '.join(sorted(FAMILIES))}). Read its set_eagle3_layers_to_capture in sglang/srt/models/ and set "
+            "extract.sglang_layer_ids (the hook checks the result against extract.aux_layers at start-up), "
+            "or add the family to eagle3/sglang_layers.py FAMILIES."
         )
     bad = [i for i in aux_layers if not 1 <= i < num_layers]
     if bad:

@@ -38,7 +38,7 @@ def start_server_task(config: PipelineConfig, model_dir: str, capture: bool = Tr
     layers = None
     if capture:
         aux = resolve_aux_layers(config.extract.aux_layers, facts.num_layers)
-        layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers)
+        layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, config.extract.sglang_layer_ids)
     dump_dir = Path(config.extract.dump_dir) if config.extract.dump_dir else Path(config.run_dir) / "dump"
     server = SGLangServer(
         config.server,

@@ -78,7 +78,7 @@ class SGLangEngine:
     ):
         facts = read_model_facts(Path(model_dir))
         aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
-        self.layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers)
+        self.layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, cfg.extract.sglang_layer_ids)
         self.cfg = cfg
         self.run_id = run_id
         self.dump_dir = Path(dump_dir)

@@ -43,3 +43,10 @@ def test_an_unknown_family_is_an_error_that_says_what_to_do() -> None:
 def test_the_convention_string_names_the_family_and_the_rule() -> None:
     m = sglang_layer_ids("llama", [2, 15, 27], 30)
     assert "llama" in m.convention and "id + 1" in m.convention
+
+
+def test_an_unknown_family_can_be_given_its_ids_which_the_hook_then_checks() -> None:
+    m = sglang_layer_ids("falcon", [2, 15, 27], 30, override=[1, 14, 26])
+    assert m.layer_ids == [1, 14, 26] and m.aux_layers == [2, 15, 27] and "extract.sglang_layer_ids" in m.convention
+    with pytest.raises(LayerMappingError, match="as many layers"):
+        sglang_layer_ids("falcon", [2, 15, 27], 30, override=[1, 14])
