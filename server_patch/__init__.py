@@ -42,9 +42,12 @@ def load_plugin() -> None:
     status = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}
     name = f"{socket.gethostname()}-{os.getpid()}-load"
     try:
-        from importlib.metadata import version
+        from importlib.metadata import PackageNotFoundError, version
 
-        found = version("sglang")
+        try:
+            found = version("sglang")
+        except PackageNotFoundError:
+            found = "not installed"
         if found not in SUPPORTED_SGLANG:
             raise UnsupportedSGLang(
                 f"eagle3 server_patch supports sglang {', '.join(SUPPORTED_SGLANG)}, found {found}; "
