@@ -6,7 +6,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.convert.stage import ConvertResult, convert
+from eagle3.convert import ConvertResult, convert
 from eagle3.store import RunStore
 from tasks.artifacts import TaskProgress, run_key
 
