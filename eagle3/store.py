@@ -232,7 +232,7 @@ class RunStore:
 class PreparedSample:
     """One tokenized conversation ready for extraction."""
 
-    __slots__ = ("sample_id", "input_ids", "loss_mask", "source")
+    __slots__ = ("input_ids", "loss_mask", "sample_id", "source")
 
     def __init__(self, sample_id: str, input_ids: list[int], loss_mask: list[int], source: str):
         self.sample_id = sample_id
