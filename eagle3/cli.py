@@ -1,24 +1,38 @@
 """The `eagle3` command: parse, build, run, close. No pipeline logic lives here.
 
     eagle3 run CONFIG [--stages a,b,c] [--set key.sub=value ...]   the pipeline flow on the Prefect server
-    eagle3 status RUN_DIR                                         shards and run.json facts of a store
+    eagle3 status RUN_DIR                                         shards, failed shards, lock holder, run.json facts
+    eagle3 verify RUN_DIR [--quick] [--shards 0,3]                recheck sample files; exit 1 when bad ones were found
+    eagle3 retry RUN_DIR [--shards 3,7]                           the retry-failed flow on the Prefect server
+    eagle3 doctor [CONFIG] [--set ...] [--no-launch]              is this node ready to extract with SGLang?
     eagle3 model demo | MODEL_DIR                                 install/check a model, print its path
     eagle3 config show [CONFIG] [--set ...]                       the effective config as YAML
 
 The environment is read here and only here: PREFECT_API_URL (through Prefect's settings) picks the
-server that `run` reports to.
+server that `run` and `retry` report to; `doctor` passes the environment to the server it launches.
+Prefect and the flows are imported inside the commands that use them (this module is the one place in
+eagle3/ that may import them at all; tests/unit/test_import_rules.py enforces it).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config
+from eagle3.progress import Progress, ProgressFn
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from eagle3.store import RunStore
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2  # verify: 1 = bad files found, 2 = could not verify
 SERVER_HINT = (
     "start the local server with `bash deploy/prefect_server.sh start` (or `make serve-prefect`) and "
     "export PREFECT_API_URL=http://127.0.0.1:4200/api"
@@ -33,8 +47,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", type=Path, help="YAML config (see configs/demo.yaml)")
     _add_overrides(run)
 
-    status = sub.add_parser("status", help="show the shards and run.json facts of a run directory")
+    status = sub.add_parser("status", help="show the shards, failed shards, lock holder and run.json facts")
     status.add_argument("run_dir", type=Path)
+
+    verify = sub.add_parser("verify", help="recheck every sample file; quarantine bad ones; exit 1 if any")
+    verify.add_argument("run_dir", type=Path)
+    verify.add_argument("--quick", action="store_true", help="headers, shapes and sizes only (no values, no checksum)")
+    verify.add_argument("--shards", type=shard_list, help="comma-separated shard ids (default: all)")
+
+    retry = sub.add_parser("retry", help="run the retry-failed flow: redo failed/partial shards, only missing samples")
+    retry.add_argument("run_dir", type=Path)
+    retry.add_argument("--shards", type=shard_list, help="comma-separated shard ids (default: failed and partial)")
+
+    doctor = sub.add_parser("doctor", help="check this node for SGLang extraction (environment, layers, disk, server)")
+    doctor.add_argument("config", type=Path, nargs="?", help="YAML config (default: built-in defaults)")
+    doctor.add_argument("--no-launch", action="store_true", help="skip launching the server (and the parity check)")
+    _add_overrides(doctor)
 
     model = sub.add_parser("model", help="install (demo) or check a target model and print its directory")
     model.add_argument("name", help="`demo` (SmolLM2-135M-Instruct, installed once) or a model directory")
@@ -60,6 +88,17 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     )
 
 
+def shard_list(text: str) -> list[int]:
+    """`0,3,7` -> [0, 3, 7]."""
+    try:
+        shards = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated shard ids, e.g. 0,3,7") from None
+    if not shards or min(shards) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated shard ids >= 0, e.g. 0,3,7")
+    return shards
+
+
 def effective_config(path: Path | None, overrides: list[str], stages: str | None) -> PipelineConfig:
     items = list(overrides)
     if stages is not None:
@@ -74,6 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(effective_config(args.config, args.overrides, args.stages))
         if args.command == "status":
             return cmd_status(args.run_dir)
+        if args.command == "verify":
+            return cmd_verify(args.run_dir, quick=args.quick, shards=args.shards)
+        if args.command == "retry":
+            return cmd_retry(args.run_dir, args.shards)
+        if args.command == "doctor":
+            return cmd_doctor(effective_config(args.config, args.overrides, args.stages), launch=not args.no_launch)
         if args.command == "model":
             return cmd_model(args.name, args.data_dir)
         if args.command == "config":
@@ -111,8 +156,6 @@ def cmd_run(cfg: PipelineConfig) -> int:
     if problem:
         print(f"eagle3: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from prefect.settings import get_current_settings
-
     from flows.pipeline import pipeline, require_wired
 
     try:
@@ -123,9 +166,16 @@ def cmd_run(cfg: PipelineConfig) -> int:
     store = Path(cfg.run_dir).resolve()
     print(f"eagle3: stages {' -> '.join(cfg.stages)}; store {store}; Prefect {api_url}", flush=True)
     state = pipeline(cfg, return_state=True)
+    return report_flow_state(state, store, cfg.run_dir)
+
+
+def report_flow_state(state: Any, store: Path, run_dir: str | Path) -> int:
+    """Print where the store and the flow run are, and the result; the exit code."""
+    from prefect.settings import get_current_settings
+
     ui = get_current_settings().ui_url
     run_id = state.state_details.flow_run_id
-    print(f"\nstore:  {store}   (inspect: eagle3 status {cfg.run_dir})")
+    print(f"\nstore:  {store}   (inspect: eagle3 status {run_dir})")
     if ui and run_id:
         print(f"UI:     {ui.rstrip('/')}/runs/flow-run/{run_id}")
     if state.is_completed():
@@ -133,6 +183,73 @@ def cmd_run(cfg: PipelineConfig) -> int:
         return EXIT_OK
     print(f"result: {state.name}: {state.message}", file=sys.stderr)
     return EXIT_FAILED
+
+
+# retry -----------------------------------------------------------------------------------------
+def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
+    if not (run_dir / "run.json").is_file():
+        print(f"eagle3: {run_dir}/run.json missing: nothing was extracted there, so nothing to retry", file=sys.stderr)
+        return EXIT_USAGE
+    api_url = prefect_api_url()
+    problem = check_server(api_url)
+    if problem:
+        print(f"eagle3: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    from flows.retry import retry_failed_flow
+
+    store = run_dir.resolve()
+    which = f"shards {shards}" if shards is not None else "failed and partial shards"
+    print(f"eagle3: retry-failed on {store} ({which}); Prefect {api_url}", flush=True)
+    state = retry_failed_flow(str(store), shards, return_state=True)
+    return report_flow_state(state, store, run_dir)
+
+
+# verify ----------------------------------------------------------------------------------------
+def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from eagle3.lock import RunLockedError
+    from eagle3.store import RunStore
+    from eagle3.verify import VerifyError, verify_run
+
+    console = Console()
+    try:
+        progress = progress_printer(Console(stderr=True))
+        report = verify_run(RunStore(run_dir), full=not quick, shards=shards, report=progress)
+    except (VerifyError, RunLockedError) as e:
+        print(f"eagle3: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    rows = [s.row() for s in report.shards]
+    table = Table(*(rows[0].keys() if rows else ["shard"]))
+    for r in rows:
+        style = "red" if r["bad"] else ("yellow" if r["missing"] or r["orphans"] else None)
+        table.add_row(*(f"{v:05d}" if k == "shard" else str(v)[:80] for k, v in r.items()), style=style)
+    console.print(table)
+    console.print(report.summary(), style="red" if report.bad_count else None)
+    return EXIT_FAILED if report.bad_count > 0 else EXIT_OK
+
+
+def progress_printer(console: Console, every_s: float = 5.0) -> ProgressFn:
+    """A ProgressFn printing one line every `every_s` seconds and at the end (long verifies on big stores)."""
+    last = [0.0]
+
+    def report(p: Progress) -> None:
+        now = time.monotonic()
+        if now - last[0] >= every_s or p.done >= p.total:
+            last[0] = now
+            console.print(p.describe())
+
+    return report
+
+
+# doctor ----------------------------------------------------------------------------------------
+def cmd_doctor(cfg: PipelineConfig, *, launch: bool) -> int:
+    from eagle3.doctor import run_doctor
+
+    report = run_doctor(cfg, base_env=dict(os.environ), launch=launch)
+    print(report.render())
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 # status ----------------------------------------------------------------------------------------
@@ -149,6 +266,7 @@ def cmd_status(run_dir: Path) -> int:
         print(f"eagle3: {run_dir} is not a run directory (no run.json, no prepared/manifest.json)", file=sys.stderr)
         return EXIT_FAILED
     console.print(f"[bold]{store.root.resolve()}[/bold]")
+    print_lock(console, run_dir)
     if info is not None:
         console.print(
             f"model {info.model_path} (sha256 {info.model_sha256[:12]}), {info.num_layers} layers, "
@@ -183,7 +301,33 @@ def cmd_status(run_dir: Path) -> int:
     table.add_section()
     table.add_row("total", "", f"{done}/{prepared.num_samples}", str(tokens), f"{size / 1e9:.3f}", "", "")
     console.print(table)
+    print_failed_shards(console, store, run_dir)
     return EXIT_OK
+
+
+def print_lock(console: Console, run_dir: Path) -> None:
+    from eagle3.lock import lock_state
+
+    state = lock_state(run_dir)
+    console.print(f"lock: {state.describe()}" if state else "lock: free (no run holds this directory)")
+
+
+def print_failed_shards(console: Console, store: RunStore, run_dir: Path) -> None:
+    from rich.table import Table
+
+    from eagle3.retry import failed_shards
+
+    failed = failed_shards(store)
+    if not failed:
+        console.print("failed shards: none")
+        return
+    table = Table("shard", "status", "done", "failed samples", "first error", "log", title="failed shards")
+    for f in failed:
+        row = f.row()
+        table.add_row(f"{f.shard:05d}", _styled_status(f.status), str(row["done"]), str(row["failed samples"]),
+                      str(row["first error"])[:120], str(row["log"]))  # fmt: skip
+    console.print(table)
+    console.print(f"redo them: eagle3 retry {run_dir}   (only their missing samples)")
 
 
 def _styled_status(status: str) -> str:

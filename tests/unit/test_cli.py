@@ -1,15 +1,22 @@
-"""The `eagle3` command: status of a store, the demo model's path, the effective config, and the
-checks `run` makes before it starts a flow (a reachable Prefect server, implemented stages)."""
+"""The `eagle3` command: status of a store (shards, failed shards, lock holder), verify's table and exit code,
+the demo model's path, the effective config, doctor's verdict, and the checks `run` and `retry` make before
+they start a flow (a reachable Prefect server, implemented stages, a run directory with run.json)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from eagle3 import cli
+from eagle3.config import PipelineConfig
+from eagle3.extract import extract_shard
+from eagle3.lock import RunLock
 from eagle3.store import PreparedManifest, RunInfo, RunStore, SampleEntry, ShardManifest
+from eagle3.verify import QUARANTINE
+from tests.unit.tiny_store import ScriptedEngine, make_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,6 +61,95 @@ def test_status_shows_each_shard_and_the_run_facts(
     assert "pending" in lines["00002"] and "0/2" in lines["00002"]
     assert "3/6" in lines["total"] and "1.500" in lines["total"]
     assert "engine transformers 5.19.0" in out.replace("\n", " ") and "[2, 3, 4]" in out
+
+
+def test_status_names_the_lock_holder_and_lists_failed_shards_with_their_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    store = small_store(tmp_path / "run")
+    assert cli.main(["status", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "lock: free" in out and "failed shards" in out and f"eagle3 retry {store.root}" in out
+    failed = [line for line in out.splitlines() if line.count("│") > 2 and "token id out of range" in line]
+    assert len(failed) == 2  # the shard table and the failed-shards table
+    assert str(store.manifest_path(1)) in out.replace("\n", "")
+    with RunLock(store.root, purpose="extract", flow_run_id="3f2c-run"):
+        assert cli.main(["status", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "(extract, flow run 3f2c-run)" in out and "alive" in out
+
+
+def test_verify_exits_0_on_a_sound_store_and_1_after_quarantining_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    store, info = make_store(tmp_path / "run", [[6, 9], [5, 8]])
+    for shard in (0, 1):
+        assert extract_shard(store, shard, ScriptedEngine(info), info).status == "complete"
+    assert cli.main(["verify", str(store.root)]) == 0
+    assert "4 sound, 0 bad" in capsys.readouterr().out
+    path = store.sample_path(1, "s1-001")
+    path.write_bytes(path.read_bytes()[:-10])
+    assert cli.main(["verify", str(store.root), "--shards", "0"]) == 0  # shard 1 not looked at
+    assert cli.main(["verify", str(store.root), "--quick", "--shards", "0,1"]) == 1
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("│ 00001"))
+    assert "complete -> partial" in row and "s1-001" in row
+    assert "1 bad" in out and f"eagle3 retry {store.root}" in out.replace("\n", "")
+    assert [p.name for p in (store.root / QUARANTINE / "shard-00001").iterdir()] == [path.name]
+    assert cli.main(["verify", str(store.root)]) == 0  # quarantined: now only "not extracted"
+
+
+def test_verify_exits_2_when_it_cannot_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store, _ = make_store(tmp_path / "run", [[6]])
+    assert cli.main(["verify", str(store.root), "--shards", "3"]) == 2
+    assert "shards [3] do not exist" in capsys.readouterr().err
+    with RunLock(store.root, purpose="extract"):
+        assert cli.main(["verify", str(store.root)]) == 2
+    assert "is in use: locked by" in capsys.readouterr().err
+
+
+def test_shard_lists_are_parsed_and_bad_ones_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.shard_list("3, 7,0") == [3, 7, 0]
+    for bad in ("a,b", "-1", ","):
+        with pytest.raises(SystemExit):
+            cli.main(["verify", "x", "--shards", bad])
+    assert "comma-separated shard ids" in capsys.readouterr().err
+
+
+def test_retry_refuses_a_directory_without_run_json_and_a_missing_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert cli.main(["retry", str(tmp_path)]) == 2
+    assert "nothing to retry" in capsys.readouterr().err
+    assert not (tmp_path / ".lock").exists()
+    store = small_store(tmp_path / "run")
+    monkeypatch.setattr(cli, "prefect_api_url", lambda: None)
+    assert cli.main(["retry", str(store.root), "--shards", "1"]) == 2
+    assert "PREFECT_API_URL is not set" in capsys.readouterr().err
+
+
+def test_doctor_prints_the_report_and_exits_1_when_not_ready(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from eagle3 import doctor
+
+    seen: dict[str, Any] = {}
+
+    def fake(cfg: PipelineConfig, *, base_env: dict[str, str], launch: bool) -> doctor.DoctorReport:
+        seen.update(cfg=cfg, launch=launch, env=base_env)
+        report = doctor.DoctorReport()
+        report.add("sglang", "fail", "not installed in .venv-sglang")
+        return report
+
+    monkeypatch.setattr(doctor, "run_doctor", fake)
+    monkeypatch.setenv("EAGLE3_DOCTOR_TEST", "1")
+    assert cli.main(["doctor", "--no-launch", "--set", "server.engine=sglang"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  sglang" in out and "NOT READY" in out
+    assert seen["launch"] is False and seen["cfg"].server.engine == "sglang"
+    assert isinstance(seen["env"], dict) and seen["env"]["EAGLE3_DOCTOR_TEST"] == "1"
 
 
 def test_status_of_a_directory_that_is_not_a_run_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
