@@ -1,0 +1,40 @@
+"""The retry-failed flow: redo only the failed or partial shards of a run directory, only their missing samples."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.states import State
+
+from tasks.extract import (
+    ExtractSummary,
+    disk_budget_task,
+    engine_session,
+    extract_outcome,
+    extract_shard_task,
+    failure_messages,
+    open_run_task,
+    report_extract_task,
+    run_lock,
+)
+from tasks.model import resolve_model_task
+from tasks.retry import plan_retry_task, run_config_task
+
+
+@flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True)
+def retry_failed_flow(run_dir: str, shards: list[int] | None = None) -> ExtractSummary | State:
+    """run.json's config ─► lock run_dir ─► plan (failed/partial shards, or `shards`) ─► model ─► open run ─►
+    disk budget ─► each planned shard (only its missing samples) ─► shard table + summary ─► Failed if one is
+    still not complete
+
+    The same shard task as the extract flow: sound files are adopted, the engine sees only missing samples.
+    """
+    config = run_config_task(run_dir)
+    with run_lock(run_dir, purpose="retry"), engine_session():
+        todo = plan_retry_task(config, shards)
+        model_dir = resolve_model_task(config)
+        plan = open_run_task(config, model_dir, shards=todo)
+        disk_budget_task(config, plan)
+        run_shard = extract_shard_task.with_options(retries=config.extract.shard_retries)
+        states = {s: run_shard(config, model_dir, s, plan.progress_for(s), return_state=True) for s in plan.shards}
+        summary = report_extract_task(config, plan, failure_messages(states))
+    return extract_outcome(summary)

@@ -1,0 +1,15 @@
+"""The verify flow: recheck every sample file of a run directory (`eagle3 verify` without a terminal)."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.states import State
+
+from tasks.verify import VerifySummary, verify_outcome, verify_task
+
+
+@flow(name="verify", flow_run_name="verify {run_dir}", validate_parameters=True)
+def verify_flow(run_dir: str, quick: bool = False, shards: list[int] | None = None) -> VerifySummary | State:
+    """verify (every file, or headers only with `quick`) ─► Failed if bad samples were found (quarantined;
+    the retry-failed flow redoes them)"""
+    return verify_outcome(verify_task(run_dir, full=not quick, shards=shards))

@@ -1,0 +1,48 @@
+"""retry: what a retry of a run directory redoes, around `eagle3.retry.plan_retry_samples`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from eagle3.config import PipelineConfig
+from eagle3.retry import plan_retry_samples
+from eagle3.store import RunStore
+from tasks.artifacts import run_key, table_artifact
+
+PLAN_TIMEOUT_S = 30 * 60  # a header check of every sample file of the shards that need it
+
+
+@task(name="run-config", retries=0, timeout_seconds=60, cache_policy=NO_CACHE)
+def run_config_task(run_dir: str) -> PipelineConfig:
+    """The config the run directory was extracted with (run.json), pointed at `run_dir` as it is now (a store
+    may have moved) and at the model directory run.json recorded (open-run checks its fingerprint)."""
+    store = RunStore(run_dir)
+    info = store.read_run_info()
+    if info is None:
+        raise FileNotFoundError(
+            f"{store.run_json} missing: nothing was extracted into {Path(run_dir).resolve()} yet, so there is "
+            "nothing to retry; run the pipeline (`eagle3 run CONFIG`)"
+        )
+    return PipelineConfig.model_validate({**info.config, "run_dir": run_dir, "model": info.model_path})
+
+
+@task(name="plan-retry", retries=0, timeout_seconds=PLAN_TIMEOUT_S, cache_policy=NO_CACHE)
+def plan_retry_task(config: PipelineConfig, shards: list[int] | None = None) -> list[int]:
+    """The shards to redo: failed, partial, left running by a killed run, or complete on paper with files
+    missing (with `shards`: exactly those that miss something). Table artifact: shard, samples to redo."""
+    plan = plan_retry_samples(RunStore(config.run_dir), shards)
+    rows = [{"shard": s, "samples to redo": len(ids), "first": ", ".join(ids[:3])} for s, ids in plan.items()]
+    table_artifact(
+        run_key(config.run_dir, "retry-plan"),
+        rows,
+        f"retry of {config.run_dir}: {len(plan)} shards, {sum(len(v) for v in plan.values())} samples"
+        if plan
+        else "Nothing to retry: every shard that was started is complete.",
+    )
+    get_run_logger().info(
+        "retry plan: %s", ", ".join(f"shard {s}: {len(ids)} samples" for s, ids in plan.items()) or "nothing to redo"
+    )
+    return sorted(plan)
