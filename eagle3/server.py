@@ -91,7 +91,8 @@ def build_command(
     if server.max_total_tokens is not None:
         argv += ["--max-total-tokens", str(server.max_total_tokens)]
     if device == "cpu":
-        argv += ["--device", "cpu"]
+        # An idle SGLang scheduler otherwise spins a whole core, which a 2-core box cannot spare.
+        argv += ["--device", "cpu", "--sleep-on-idle"]
     return argv + list(server.extra_args)
 
 

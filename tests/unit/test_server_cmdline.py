@@ -38,7 +38,7 @@ def test_the_command_has_the_model_the_capture_flags_and_no_radix_cache(tmp_path
 def test_cpu_adds_the_cpu_engine_and_the_stub_libcuda() -> None:
     cfg = ServerConfig(engine="sglang", device="cpu", python=".venv-sglang/bin/python")
     argv = build_command(cfg, Path("m"), LAYERS, port=1, device="cpu")
-    assert flag(argv, "--device") == "cpu"
+    assert flag(argv, "--device") == "cpu" and "--sleep-on-idle" in argv
     env = build_env(cfg, {"LD_LIBRARY_PATH": "/opt/lib", "PATH": "/bin"}, device="cpu", dump_dir=None, aux_layers=None)
     assert env["SGLANG_USE_CPU_ENGINE"] == "1"
     stub, rest = env["LD_LIBRARY_PATH"].split(":")
