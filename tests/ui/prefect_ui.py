@@ -1,0 +1,163 @@
+"""What a person does in the Prefect 3.9 UI (the Vue app), as small functions over a Playwright page.
+
+Selectors are text and roles where the UI has them; the parameter form's fields are found by their visible
+label (the form's <label for=...> points at no element, so `get_by_label` cannot be used).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from playwright.sync_api import Locator, Page, expect
+
+OUT = Path(__file__).resolve().parents[2] / "test-output" / "ui"
+RUN_TIMEOUT_S = 300.0  # one flow run on a loaded 2-core runner: worker pickup, interpreter start, model load
+
+
+def shot(page: Page, name: str, *, full_page: bool = False) -> Path:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / f"{name}.png"
+    page.screenshot(path=str(path), full_page=full_page)
+    return path
+
+
+def settle(page: Page) -> None:
+    page.wait_for_load_state("networkidle")
+
+
+# --- the parameter form ---------------------------------------------------------------------------------------
+
+
+def prop(scope: Page | Locator, label: str) -> Locator:
+    """The form property labelled `label` (or `label (Optional)`), first match inside `scope`."""
+    xpath = (
+        "xpath=.//div[contains(concat(' ', normalize-space(@class), ' '), ' schema-form-property ')]"
+        "[./div[contains(@class,'p-label__header')]//span[contains(@class,'schema-form-property__label')]"
+        f"[normalize-space()='{label}' or normalize-space()='{label} (Optional)']]"
+    )
+    return scope.locator(xpath).first
+
+
+def body(p: Locator) -> Locator:
+    return p.locator("xpath=./div[contains(@class,'p-label__body')]")
+
+
+def fill(scope: Page | Locator, label: str, value: str) -> None:
+    """Type into a text or number field. A nullable field showing "None" is switched to its value type first."""
+    p = body(prop(scope, label))
+    expect(p).to_be_visible()
+    control = p.locator("xpath=.//*[self::textarea or self::input]").first
+    if control.count() == 0:
+        p.get_by_role("button").filter(has_not_text=re.compile(r"^\s*None\s*$")).first.click()
+    control.fill(value)
+
+
+def remove_tags(scope: Page | Locator, label: str, keep: list[str]) -> None:
+    """In a multi-select (e.g. config.stages), dismiss every selected tag not in `keep`."""
+    tags = body(prop(scope, label)).locator("span.p-tag:visible")  # the tag wrapper also keeps hidden copies
+    for _ in range(20):
+        names = [n.strip() for n in tags.all_inner_texts()]
+        extra = [n for n in names if n not in keep]
+        if not extra:
+            break
+        tags.filter(has_text=re.compile(f"^\\s*{re.escape(extra[0])}\\s*$")).locator("button").click()
+        expect(tags).to_have_count(len(names) - 1)
+    expect(tags).to_have_count(len(keep))
+
+
+# --- deployments and runs -------------------------------------------------------------------------------------
+
+
+def deployment_link(page: Page, deployment: str, flow: str) -> Locator:
+    """The deployment's name link in the Deployments list (its row also names the flow)."""
+    row = page.locator("tr").filter(has=page.get_by_text(flow, exact=True))
+    return row.locator("a.deployment-list__name").filter(has_text=re.compile(f"^{re.escape(deployment)}$"))
+
+
+def open_custom_run(page: Page, deployment: str, flow: str) -> None:
+    """Deployments -> <deployment> (of <flow>) -> Run -> Custom run: the parameter form."""
+    page.goto("/deployments")
+    settle(page)
+    deployment_link(page, deployment, flow).click()
+    run = page.get_by_role("button", name="Run", exact=True)
+    expect(run).to_be_visible()
+    run.click()
+    page.get_by_text("Custom run", exact=True).click()
+    expect(page.get_by_role("button", name="Submit")).to_be_visible()
+    settle(page)
+
+
+def submit_and_open_run(page: Page, screenshot: str | None = None) -> str:
+    """Submit the form; the UI returns to the deployment with a toast "<run> scheduled to start now" and a
+    "View run" button: follow it. Returns the flow run page's URL."""
+    page.get_by_role("button", name="Submit").click()
+    view = page.get_by_role("button", name="View run").first
+    expect(view).to_be_visible(timeout=60_000)
+    if screenshot:
+        shot(page, screenshot)
+    view.click(force=True)  # the toast slides in (never "stable" for long) and leaves after a few seconds
+    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]+"))
+    settle(page)
+    return str(page.url)
+
+
+def run_state(page: Page) -> str:
+    badge = page.locator(".page-heading-flow-run__meta .state-badge").first
+    return badge.inner_text().strip() if badge.count() else ""
+
+
+def wait_for_state(page: Page, wanted: str, timeout_s: float = RUN_TIMEOUT_S) -> None:
+    """Watch the flow run page until its state badge says `wanted`; fail early on another final state."""
+    final = {"Completed", "Failed", "Crashed", "Cancelled"}
+    deadline = time.monotonic() + timeout_s
+    last_reload = time.monotonic()
+    while time.monotonic() < deadline:
+        state = run_state(page)
+        if state == wanted:
+            return
+        if state in final:
+            raise AssertionError(f"flow run ended {state}, expected {wanted} ({page.url})")
+        if time.monotonic() - last_reload > 20:  # the page polls by itself; a reload is a fallback
+            page.reload()
+            last_reload = time.monotonic()
+        page.wait_for_timeout(1000)
+    raise AssertionError(f"flow run still {run_state(page)!r} after {timeout_s:.0f} s, expected {wanted} ({page.url})")
+
+
+def open_tab(page: Page, name: str) -> None:
+    page.locator("li.p-tab", has_text=name).first.click()
+    settle(page)
+
+
+def open_subflow(page: Page, name: str) -> None:
+    open_tab(page, "Subflow Runs")
+    page.get_by_role("link", name=name, exact=True).first.click()
+    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]+"))
+    settle(page)
+
+
+def open_artifact(page: Page, key: str) -> None:
+    """From a flow run's Artifacts tab, open the artifact card named `key`."""
+    open_tab(page, "Artifacts")
+    page.get_by_text(key, exact=True).first.click()
+    page.wait_for_url(re.compile(r"/artifacts/artifact/[0-9a-f-]+"))
+    settle(page)
+
+
+def table_rows(page: Page) -> list[dict[str, str]]:
+    """The rows of a table artifact as shown on its page (header cell -> cell text)."""
+    table = page.locator("table").first
+    expect(table).to_be_visible()
+    headers = [h.inner_text().strip() for h in table.locator("thead th").all()]
+    rows = []
+    for tr in table.locator("tbody tr").all():
+        cells = [c.inner_text().strip() for c in tr.locator("td").all()]
+        rows.append(dict(zip(headers, cells, strict=False)))
+    return rows
+
+
+def any_text(page: Page, pattern: str) -> Any:
+    return page.get_by_text(re.compile(pattern)).first
