@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_API_URL ?= http://127.0.0.1:4200/api
 
-.PHONY: venv sglang-env demo test lint serve-prefect stop-prefect clean
+.PHONY: venv sglang-env demo test lint serve stop serve-prefect stop-prefect clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,13 @@ lint: venv
 
 test: venv lint sglang-env
 	bash deploy/run_tests.sh
+
+# The node for the UI: server + work pool, `gpu` limit, deployments, automations + a worker (deploy/serve.sh).
+serve: venv
+	bash deploy/serve.sh start
+
+stop:
+	bash deploy/serve.sh stop
 
 serve-prefect: venv
 	bash deploy/prefect_server.sh start

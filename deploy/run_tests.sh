@@ -3,6 +3,7 @@
 # that is a failure here, never a silent pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+bash deploy/test_deps.sh || exit 1
 .venv/bin/python -m pytest "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
