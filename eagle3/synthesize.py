@@ -141,11 +141,13 @@ def regenerate(
         for b in range(0, len(todo), scfg.batch_size):
             batch = todo[b : b + scfg.batch_size]
             outs = generate_batch(model, chat, [prompts[ci] for ci, _ in batch], scfg)
+            done = tokens = 0
             for (ci, mi), (text, finished, n_tokens) in zip(batch, outs, strict=True):
                 convs[ci][mi] = {"role": "assistant", "content": text}
                 unfinished[ci] += 0 if finished else 1
-                last = r == len(turns[ci]) - 1
-                counter.add(1 if last else 0, tokens=n_tokens)
+                done += r == len(turns[ci]) - 1  # a conversation counts once its last turn is generated
+                tokens += n_tokens
+            counter.add(done, tokens=tokens)  # once per batch: a per-sample report would see 1 of 50 done
     return convs, unfinished
 
 
