@@ -240,6 +240,11 @@ class SGLangServer:
         self.stop()
         self.start()
 
+    @property
+    def pgid(self) -> int | None:
+        """Process group of a launched server (its leader's pid); None when attached or stopped."""
+        return self._proc.pid if self._proc is not None else None
+
     def is_alive(self) -> bool:
         if self.attached:
             return self.healthy()
