@@ -6,6 +6,7 @@ from prefect import flow
 
 from eagle3.config import PipelineConfig, Stage
 from flows.extract import extract_flow
+from tasks.artifacts import run_summary_task
 from tasks.convert import convert_task
 from tasks.model import resolve_model_task
 from tasks.prepare import prepare_task
@@ -26,9 +27,10 @@ def require_wired(stages: list[Stage]) -> None:
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
 def pipeline(config: PipelineConfig) -> str:
-    """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► [convert]
+    """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► [convert] ─► run summary
 
-    Runs the stages listed in `config.stages`; returns the run directory (the store).
+    Runs the stages listed in `config.stages`; returns the run directory (the store). The last artifact,
+    `<run>-run-summary`, says what the run left where and links the stages' artifacts.
     """
     require_wired(config.stages)
     model_dir = resolve_model_task(config)
@@ -40,4 +42,5 @@ def pipeline(config: PipelineConfig) -> str:
         extract_flow(config)
     if "convert" in config.stages:
         convert_task(config)
+    run_summary_task(config)
     return config.run_dir

@@ -1,6 +1,6 @@
 """Prefect artifacts for the pipeline: progress with an ETA (updated in place, throttled), the shard
-table and the run summary. Keys are derived from the run directory's name, so the UI's Artifacts page
-keeps one history per run directory across flow runs.
+table and the run summary (`run_summary_task`, the pipeline's last step). Keys are derived from the run
+directory's name, so the UI's Artifacts page keeps one history per run directory across flow runs.
 
 Artifact writes are API calls: progress is throttled to one write every `min_interval_s` (2 s), and a
 failed write is logged once and never fails the task that reports.
@@ -8,6 +8,7 @@ failed write is logged once and never fails the task that reports.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -15,15 +16,20 @@ from pathlib import Path
 from typing import Any, cast
 from uuid import UUID
 
+from prefect import task
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
+from eagle3.config import PipelineConfig
 from eagle3.progress import Progress
+from eagle3.retry import shard_summaries
+from eagle3.store import RunStore
 
 _KEY_JUNK = re.compile(r"[^a-z0-9]+")
 BAR_WIDTH = 24
@@ -203,3 +209,93 @@ def table_artifact(key: str, rows: list[dict[str, Any]], description: str) -> UU
 
 def markdown_artifact(key: str, markdown: str, description: str) -> UUID:
     return cast(UUID, create_markdown_artifact(markdown, key=key, description=description))
+
+
+# --- the run's final summary ----------------------------------------------------------------------------------
+
+#: What the summary links to in the UI: stage artifacts (keyed per run directory) that exist after each stage.
+STAGE_ARTIFACTS = {
+    "prepare": ["prepare-progress"],
+    "synthesize": ["synthesize-progress"],
+    "extract": ["extract-progress", "extract-shards", "extract-failed-shards", "extract-summary"],
+    "convert": ["convert-progress"],
+}
+NOT_BUILT = "not built by this version (the train, export and evaluate stages are not wired into the pipeline)"
+
+
+def ui_link(key: str) -> str:
+    """Markdown link to the history of an artifact key in the Prefect UI (plain text when the UI URL is unknown)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    base = PREFECT_UI_URL.value()
+    return f"[{key}]({base.rstrip('/')}/artifacts/key/{key})" if base else f"`{key}`"
+
+
+def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str]]:
+    """(what, where/how much) rows of the run summary, from the store's own files."""
+    root = store.root.resolve()
+    rows = [("store", f"`{root}` (inspect: `eagle3 status {root}`)")]
+    info = store.read_run_info()
+    if info is not None:
+        rows.append(
+            ("model", f"`{info.model_path}`, {info.engine} {info.engine_version}, aux layers {info.aux_layers}")
+        )
+    prepared = store.read_prepared_manifest()
+    if prepared is not None:
+        rows.append(
+            (
+                "prepared",
+                f"{prepared.num_samples} samples, {prepared.num_tokens} tokens in {len(prepared.shards)} shards "
+                f"({len(prepared.bad_rows)} bad rows skipped)",
+            )
+        )
+    shards = shard_summaries(store) if info is not None else []
+    if shards:
+        done = sum(s.done for s in shards)
+        expected = sum(s.expected for s in shards)
+        complete = sum(s.status == "complete" for s in shards)
+        not_complete = [s.shard for s in shards if s.status != "complete"]
+        rows.append(
+            (
+                "hidden states",
+                f"{done}/{expected} samples, {complete}/{len(shards)} shards complete"
+                + (f"; not complete: {not_complete}" if not_complete else ""),
+            )
+        )
+    convert_json = root / "convert.json"
+    if convert_json.exists():
+        c = json.loads(convert_json.read_text())
+        rows.append(
+            (
+                "convert",
+                f"draft vocabulary `{c.get('vocab_map_path')}` ({c.get('draft_vocab_size')} ids, coverage "
+                f"{float(c.get('coverage', 0.0)):.3f}), index `{c.get('index_path')}`",
+            )
+        )
+    rows += [("draft", NOT_BUILT), ("evaluation", NOT_BUILT)]
+    return rows
+
+
+def summary_markdown(config: PipelineConfig, store: RunStore) -> str:
+    lines = [
+        f"# Run `{store.root.resolve()}`",
+        "",
+        f"Stages of this flow run: {', '.join(config.stages)}",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {what} | {text} |" for what, text in summary_rows(config, store)),
+        "",
+        "Artifacts (history across runs of this run directory): "
+        + ", ".join(ui_link(run_key(config.run_dir, k)) for s in config.stages for k in STAGE_ARTIFACTS.get(s, [])),
+    ]
+    return "\n".join(lines)
+
+
+@task(name="run-summary", retries=1, retry_delay_seconds=2, timeout_seconds=120, cache_policy=NO_CACHE)
+def run_summary_task(config: PipelineConfig) -> str:
+    """The run's last artifact (`<run>-run-summary`): the store, what each stage left there and where the
+    draft and the evaluation are; links to the stage artifacts in the UI. Returns the artifact key."""
+    key = run_key(config.run_dir, "run-summary")
+    markdown_artifact(key, summary_markdown(config, RunStore(config.run_dir)), f"Run summary of {config.run_dir}")
+    return key

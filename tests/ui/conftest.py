@@ -41,6 +41,10 @@ class Served:
     api_url: str
     ui_url: str
     home: Path
+    env: dict[str, str]  # what deploy/serve.sh ran with (to start the worker again)
+
+    def serve(self, command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(SERVE), command], env=self.env, capture_output=True, text=True, timeout=600)
 
 
 def free_port() -> int:
@@ -63,6 +67,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
         "PREFECT_SERVER_PORT": str(port),
         "PREFECT_API_URL": api_url,
         "EAGLE3_GPUS": "1",
+        "EAGLE3_CRASH_AFTER_S": "60",  # the crash test waits this long (two 30 s heartbeats); default 150
         "PREFECT_WORKER_QUERY_SECONDS": "2",  # the worker polls for new runs every 2 s (default 10)
         # Not used here (the re-extraction schedule is inactive; one worker): less CPU on a 2-core runner.
         "PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false",
@@ -78,7 +83,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
     mp.setenv("PREFECT_HOME", str(home))
     try:
         with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: str(home)}):
-            yield Served(api_url=api_url, ui_url=f"http://127.0.0.1:{port}", home=home)
+            yield Served(api_url=api_url, ui_url=f"http://127.0.0.1:{port}", home=home, env=env)
     finally:
         mp.undo()
         subprocess.run(["bash", str(SERVE), "stop"], env=env, capture_output=True, text=True, timeout=120)

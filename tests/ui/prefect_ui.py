@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import Locator, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 OUT = Path(__file__).resolve().parents[2] / "test-output" / "ui"
 RUN_TIMEOUT_S = 300.0  # one flow run on a loaded 2-core runner: worker pickup, interpreter start, model load
@@ -98,8 +99,17 @@ def submit_and_open_run(page: Page, screenshot: str | None = None) -> str:
     expect(view).to_be_visible(timeout=60_000)
     if screenshot:
         shot(page, screenshot)
-    view.click(force=True)  # the toast slides in (never "stable" for long) and leaves after a few seconds
-    page.wait_for_url(re.compile(r"/runs/flow-run/[0-9a-f-]+"))
+    flow_run_page = re.compile(r"/runs/flow-run/[0-9a-f-]+")
+    for _ in range(3):
+        # The toast slides in and leaves after a few seconds: a mouse click can miss it, a DOM click cannot.
+        view.dispatch_event("click")
+        try:
+            page.wait_for_url(flow_run_page, timeout=10_000)
+            break
+        except PlaywrightTimeoutError:
+            if view.count() == 0:
+                raise
+    page.wait_for_url(flow_run_page)
     settle(page)
     return str(page.url)
 

@@ -104,6 +104,13 @@ def test_a_pipeline_run_from_the_form_completes_with_full_progress_and_a_shard_t
     wait_for_state(page, "Completed")
     shot(page, "04-run-completed")
 
+    open_artifact(page, f"{key_prefix(run_dir)}-run-summary")  # the pipeline's last artifact
+    expect(page.get_by_text("4/4 samples, 2/2 shards complete")).to_be_visible()
+    expect(page.get_by_role("link", name=f"{key_prefix(run_dir)}-extract-shards")).to_be_visible()
+    shot(page, "05-run-summary")
+    page.go_back()
+    settle(page)
+
     open_subflow(page, f"extract {run_dir}")
     open_artifact(page, f"{key_prefix(run_dir)}-extract-progress")
     expect(page.get_by_text("Progress: 100%")).to_be_visible()
@@ -113,7 +120,7 @@ def test_a_pipeline_run_from_the_form_completes_with_full_progress_and_a_shard_t
     open_artifact(page, f"{key_prefix(run_dir)}-extract-shards")
     rows = table_rows(page)
     assert [(r["shard"], r["status"], r["samples"]) for r in rows] == [("0", "complete", "2"), ("1", "complete", "2")]
-    shot(page, "05-shard-table")
+    shot(page, "06-shard-table")
 
 
 def prepare_with_a_broken_sample(run_dir: Path, demo_model: Path) -> bytes:
@@ -149,7 +156,7 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
     submit_and_open_run(page)
     wait_for_state(page, "Failed")
     expect(page.get_by_text("shard 1").first).to_be_visible()
-    shot(page, "06-run-failed")
+    shot(page, "07-run-failed")
 
     open_subflow(page, f"extract {run_dir}")
     open_artifact(page, f"{key_prefix(run_dir)}-extract-failed-shards")
@@ -157,7 +164,7 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
     assert [(r["shard"], r["status"]) for r in rows] == [("1", "partial")]
     assert "out of range" in rows[0]["error"]
     expect(page.get_by_text("retry", exact=False).first).to_be_visible()
-    shot(page, "07-failed-shards", full_page=True)
+    shot(page, "08-failed-shards", full_page=True)
 
     # The cause is fixed (the prepared shard is good again); retry from the UI: the retry-failed deployment.
     from eagle3.store import RunStore
@@ -167,10 +174,10 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
 
     open_custom_run(page, "retry-failed", "retry-failed")
     fill(page, "run_dir", str(run_dir))
-    shot(page, "08-retry-form")
+    shot(page, "09-retry-form")
     submit_and_open_run(page)
     wait_for_state(page, "Completed")
-    shot(page, "09-retry-completed")
+    shot(page, "10-retry-completed")
 
     open_artifact(page, f"{key_prefix(run_dir)}-extract-shards")
     rows = table_rows(page)
