@@ -8,6 +8,7 @@ the module fits a 2-core CI runner: about three flow runs of 20-60 s each.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,18 @@ def fill_pipeline_form(page: Page, run_dir: Path, stages: list[str]) -> None:
     fill(page, "Shard Size", "2")
     fill(page, "Max Length", "512")
     fill(prop(page, "Extract"), "Shard Retries", "0")
+    prop(page, "Run Dir").scroll_into_view_if_needed()
+
+
+def check_form_parameters(url: str, run_dir: Path, stages: list[str]) -> None:
+    """What the form sent is what fill_pipeline_form typed (read back through the API)."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        config = client.read_flow_run(uuid.UUID(url.rstrip("/").split("/")[-1])).parameters["config"]
+    assert config["run_dir"] == str(run_dir) and config["stages"] == stages
+    assert (config["data"]["max_samples"], config["data"]["shard_size"], config["data"]["max_length"]) == (4, 2, 512)
+    assert config["extract"]["shard_retries"] == 0
 
 
 def test_make_serve_registers_the_pool_limits_deployments_schedule_and_automations(served: Served) -> None:
@@ -100,7 +113,8 @@ def test_a_pipeline_run_from_the_form_completes_with_full_progress_and_a_shard_t
     open_custom_run(page, "pipeline", "eagle3-pipeline")
     fill_pipeline_form(page, run_dir, ["prepare", "extract"])
     shot(page, "02-run-form")
-    submit_and_open_run(page, screenshot="03-run-submitted")
+    url = submit_and_open_run(page, screenshot="03-run-submitted")
+    check_form_parameters(url, run_dir, ["prepare", "extract"])
     wait_for_state(page, "Completed")
     shot(page, "04-run-completed")
 
@@ -153,7 +167,7 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
 
     open_custom_run(page, "pipeline", "eagle3-pipeline")
     fill_pipeline_form(page, run_dir, ["extract"])
-    submit_and_open_run(page)
+    check_form_parameters(submit_and_open_run(page), run_dir, ["extract"])
     wait_for_state(page, "Failed")
     expect(page.get_by_text("shard 1").first).to_be_visible()
     shot(page, "07-run-failed")
