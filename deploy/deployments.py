@@ -300,7 +300,8 @@ def show() -> None:
         for pool in client.read_work_pools():
             print(f"work pool      {pool.name} ({pool.type})")
         for limit in client.read_global_concurrency_limits():
-            print(f"global limit   {limit.name} = {limit.limit}")
+            if not limit.name.startswith("deployment:"):  # Prefect's own, behind each deployment's limit
+                print(f"global limit   {limit.name} = {limit.limit}")
         flows = {f.id: f.name for f in client.read_flows()}
         for dep in client.read_deployments():
             schedules = ", ".join(f"{s.slug or s.id}: {'on' if s.active else 'off'}" for s in dep.schedules)
