@@ -8,7 +8,8 @@
 #   bash deploy/serve.sh status
 #
 # Worker: log $PREFECT_HOME/worker.log, pid $PREFECT_HOME/worker.pid. Environment: what prefect_server.sh
-# reads (PREFECT_HOME, PREFECT_SERVER_HOST, PREFECT_SERVER_PORT), PREFECT_API_URL (default: that server),
+# reads (PREFECT_HOME, PREFECT_SERVER_HOST, PREFECT_SERVER_PORT), PREFECT_API_URL (`worker` only; default:
+# the local server),
 # EAGLE3_POOL (eagle3-gpu), EAGLE3_WORKER_NAME (<host>-<pool>), EAGLE3_GPUS (size of the `gpu` limit; default:
 # nvidia-smi), EAGLE3_HEARTBEAT_S (30), EAGLE3_CRASH_AFTER_S (150).
 set -euo pipefail
@@ -17,7 +18,8 @@ cd "$(dirname "$0")/.."
 export PREFECT_HOME="${PREFECT_HOME:-$PWD/.prefect}"
 HOST="${PREFECT_SERVER_HOST:-127.0.0.1}"
 PORT="${PREFECT_SERVER_PORT:-4200}"
-export PREFECT_API_URL="${PREFECT_API_URL:-http://$HOST:$PORT/api}"
+LOCAL_API="http://$([ "$HOST" = 0.0.0.0 ] && echo 127.0.0.1 || echo "$HOST"):$PORT/api"
+export PREFECT_API_URL="${PREFECT_API_URL:-$LOCAL_API}"
 BIN="${EAGLE3_BIN:-$PWD/.venv/bin}"
 POOL="${EAGLE3_POOL:-eagle3-gpu}"
 WORKER_NAME="${EAGLE3_WORKER_NAME:-$(hostname)-$POOL}"
@@ -54,11 +56,11 @@ start_worker() {
 
 stop_worker() {
   if pid=$(worker_pid); then
-    # SIGTERM lets the worker mark its flow runs; then the group (flow runs included).
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-    kill -TERM -- "-$pid" 2>/dev/null || true
-    sleep 0.5
+    # The worker and the flow runs it started share its process group (setsid above). Prefect 3.9's worker
+    # does not exit on SIGTERM/SIGINT while its loop runs (seen here), so: SIGTERM to the group, 5 s, SIGKILL.
+    # A flow run killed here is marked Crashed by the crash-zombie-runs automation once the server runs again.
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     kill -KILL -- "-$pid" 2>/dev/null || true
     echo "worker stopped (pid $pid)"
   else
@@ -68,6 +70,9 @@ stop_worker() {
 }
 
 start() {
+  # `start` serves this node: its clients talk to the server it starts, whatever PREFECT_API_URL said
+  # (the Makefile exports a default for port 4200).
+  export PREFECT_API_URL="$LOCAL_API"
   bash deploy/prefect_server.sh start
   args=(apply --heartbeat-s "$HEARTBEAT_S")
   [ -n "${EAGLE3_GPUS:-}" ] && args+=(--gpus "$EAGLE3_GPUS")
