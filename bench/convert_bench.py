@@ -41,8 +41,9 @@ from eagle3.convert import (  # noqa: E402
     import_specforge,
     import_speculators,
 )
-from eagle3.convert.common import atomic_write_with, ordered_map  # noqa: E402
+from eagle3.convert.common import ordered_map  # noqa: E402
 from eagle3.convert.stage import CONVERT_FILE, INDEX_FILE, VOCAB_FILE  # noqa: E402
+from eagle3.fsio import atomic_write_with  # noqa: E402
 from eagle3.store import RunStore  # noqa: E402
 
 COPY = "copy (read + write + fsync per file)"

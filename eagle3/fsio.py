@@ -11,9 +11,9 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 MAX_NAME = 160
@@ -43,23 +43,34 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     atomic_write_parts(path, [data])
 
 
-def atomic_write_parts(path: Path, parts: Sequence[bytes | memoryview]) -> None:
-    """atomic_write_bytes of the concatenation of parts, without building it (the parts can be views
-    of tensor memory; each write releases the GIL)."""
+def atomic_write_with(path: Path, write: Callable[[IO[bytes]], Any], *, sync_dir: bool = True) -> None:
+    """The one atomic-write mechanism: `write(file)` streams the content into a temporary file in the
+    same directory, which is fsynced and renamed over `path` (then the directory is fsynced)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    if sync_dir:
+        fsync_dir(path.parent)
+
+
+def atomic_write_parts(path: Path, parts: Sequence[bytes | memoryview]) -> None:
+    """atomic_write_bytes of the concatenation of parts, without building it (the parts can be views
+    of tensor memory; each write releases the GIL)."""
+
+    def write(f: IO[bytes]) -> None:
+        for part in parts:
+            f.write(part)
+
+    atomic_write_with(path, write)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -82,16 +93,8 @@ def move_into(src: Path, dst: Path) -> None:
     except OSError as e:
         if e.errno != 18:  # EXDEV: different filesystems
             raise
-        fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
-                shutil.copyfileobj(inp, out, 16 << 20)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, dst)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with open(src, "rb") as inp:
+            atomic_write_with(dst, lambda out: shutil.copyfileobj(inp, out, 16 << 20), sync_dir=False)
         src.unlink()
     fsync_dir(dst.parent)
 

@@ -12,19 +12,16 @@ from __future__ import annotations
 import json
 import math
 import mmap
-import os
 import struct
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.fsio import fsync_dir
 from eagle3.sample_format import KEYS, SampleTensors, check_header, read_header
 from eagle3.store import DTYPES, RunInfo
 
@@ -214,23 +211,6 @@ def safetensors_header(tensors: list[tuple[str, torch.dtype, list[int]]]) -> tup
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw, starts
-
-
-def atomic_write_with(path: Path, write: Callable[[IO[bytes]], Any], *, sync_dir: bool = True) -> None:
-    """Like fsio.atomic_write_bytes, but the content is streamed by `write(file)` (torch.save, safetensors)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    if sync_dir:
-        fsync_dir(path.parent)
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], workers: int) -> Iterator[R]:

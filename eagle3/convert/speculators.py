@@ -40,7 +40,6 @@ from eagle3.convert.common import (
     PeerFormatError,
     SidecarSample,
     TargetModel,
-    atomic_write_with,
     hf_to_vllm,
     ordered_map,
     read_sidecar,
@@ -61,7 +60,7 @@ from eagle3.convert.store_writer import (
     write_shards,
 )
 from eagle3.convert.vocab import read_vocab_map
-from eagle3.fsio import fsync_dir
+from eagle3.fsio import atomic_write_with, fsync_dir
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store import DTYPES, RunInfo, RunStore, now
 
