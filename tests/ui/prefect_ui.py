@@ -93,22 +93,31 @@ def open_custom_run(page: Page, deployment: str, flow: str) -> None:
 
 def submit_and_open_run(page: Page, screenshot: str | None = None) -> str:
     """Submit the form; the UI returns to the deployment with a toast "<run> scheduled to start now" and a
-    "View run" button: follow it. Returns the flow run page's URL."""
+    "View run" button: follow it (or, once the toast is gone, the run's link on the deployment page).
+    Returns the flow run page's URL."""
     page.get_by_role("button", name="Submit").click()
-    view = page.get_by_role("button", name="View run").first
-    expect(view).to_be_visible(timeout=60_000)
+    toast = page.locator(".toast-flow-run-create, .p-toast").filter(has_text="scheduled to start").first
+    expect(toast).to_be_visible(timeout=60_000)
+    run_name = toast.inner_text().split(" scheduled to start")[0].strip().split("\n")[-1].strip()
+    # The form routes back to the deployment page, which then sets its tab (?tab=Runs); a click on the toast
+    # during those two navigations is overridden by them. Let them finish, then click, and check.
+    page.wait_for_url(re.compile(r"/deployments/deployment/[0-9a-f-]+/?(\?.*)?$"), timeout=60_000)
+    settle(page)
+    page.wait_for_timeout(500)
     if screenshot:
         shot(page, screenshot)
     flow_run_page = re.compile(r"/runs/flow-run/[0-9a-f-]+")
     for _ in range(3):
-        # The toast slides in and leaves after a few seconds: a mouse click can miss it, a DOM click cannot.
-        view.dispatch_event("click")
         try:
+            view = page.get_by_role("button", name="View run")
+            if view.count():
+                view.first.dispatch_event("click")  # the toast slides: a mouse click can miss, a DOM click cannot
+            else:  # the run's link (its name until it starts, when the flow names it) in "Next Run"
+                page.get_by_role("link", name=run_name, exact=True).first.click(timeout=10_000)
             page.wait_for_url(flow_run_page, timeout=10_000)
             break
         except PlaywrightTimeoutError:
-            if view.count() == 0:
-                raise
+            continue
     page.wait_for_url(flow_run_page)
     settle(page)
     return str(page.url)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("playwright", reason="pip install -e '.[dev]' (make test does)")
 from playwright.sync_api import Page, expect
 
 from tests.ui.conftest import Served

@@ -14,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+
+pytest.importorskip("playwright", reason="pip install -e '.[dev]' (make test does)")
 from playwright.sync_api import Page, expect
 
 from tests.ui.conftest import Served
