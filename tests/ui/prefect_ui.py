@@ -6,6 +6,7 @@ label (the form's <label for=...> points at no element, so `get_by_label` cannot
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from pathlib import Path
@@ -27,6 +28,13 @@ def shot(page: Page, name: str, *, full_page: bool = False) -> Path:
 
 def settle(page: Page) -> None:
     page.wait_for_load_state("networkidle")
+
+
+def dismiss_toasts(page: Page) -> None:
+    """Close the UI's toasts (bottom right): one left over can lie on top of the element a test clicks next."""
+    for close in page.locator("#prefect-design-toast-app").get_by_role("button", name="Close").all():
+        with contextlib.suppress(PlaywrightTimeoutError):  # already gone
+            close.dispatch_event("click", timeout=2_000)
 
 
 # --- the parameter form ---------------------------------------------------------------------------------------
@@ -82,6 +90,7 @@ def open_custom_run(page: Page, deployment: str, flow: str) -> None:
     """Deployments -> <deployment> (of <flow>) -> Run -> Custom run: the parameter form."""
     page.goto("/deployments")
     settle(page)
+    dismiss_toasts(page)
     deployment_link(page, deployment, flow).click()
     run = page.get_by_role("button", name="Run", exact=True)
     expect(run).to_be_visible()
@@ -147,6 +156,7 @@ def wait_for_state(page: Page, wanted: str, timeout_s: float = RUN_TIMEOUT_S) ->
 
 
 def open_tab(page: Page, name: str) -> None:
+    dismiss_toasts(page)
     page.locator("li.p-tab", has_text=name).first.click()
     settle(page)
 
@@ -161,6 +171,7 @@ def open_subflow(page: Page, name: str) -> None:
 def open_artifact(page: Page, key: str) -> None:
     """From a flow run's Artifacts tab, open the artifact card named `key`."""
     open_tab(page, "Artifacts")
+    dismiss_toasts(page)
     page.get_by_text(key, exact=True).first.click()
     page.wait_for_url(re.compile(r"/artifacts/artifact/[0-9a-f-]+"))
     settle(page)
