@@ -95,7 +95,7 @@ class ExtractConfig(StrictModel):
     request_timeout_s: float = Field(600.0, gt=0, description="sglang engine: per-request timeout.")
     request_retries: int = Field(3, ge=0, le=20, description="sglang engine: retries per request.")
     dump_dir: str | None = Field(
-        None, description="sglang engine: where the server writes dumps (None: <run_dir>/dump, same filesystem)."
+        None, description="sglang engine: where the server writes dumps (None: `run_dir`/dump, same filesystem)."
     )
     shard_retries: int = Field(2, ge=0, le=20, description="Prefect retries of a failed shard task.")
     sglang_layer_ids: list[int] | None = Field(
