@@ -158,6 +158,11 @@ class EvaluateConfig(StrictModel):
     num_prompts: int = Field(20, gt=0, description="Held-out prompts to evaluate on.")
     draft_steps: int = Field(3, gt=0, le=16, description="Chain length k of drafted tokens.")
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
+    dataset: str = Field(
+        "data/demo_eval_prompts.jsonl",
+        description="Held-out prompts (JSONL, rows like data.dataset's): each row's turns before its last "
+        "assistant turn are the prompt. Keep them out of the training data.",
+    )
 
 
 class PipelineConfig(StrictModel):
