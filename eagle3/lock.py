@@ -1,22 +1,29 @@
-"""One writer per run directory: `with RunLock(run_dir): ...`.
+"""Files held by one live process: the run directory's lock (`RunLock`) and, built on the same mechanism,
+shard leases (eagle3/lease.py).
 
     <run_dir>/.lock        exists while a run holds the directory; JSON owner {host, pid, started_at, token, ...}
     <run_dir>/.lock.break  never removed; flock'd while a stale lock is being taken over
 
-Design (docs/operations.md, "Two runs on one run directory"):
-* Acquire = create `.lock` exclusively. The owner JSON is written and fsynced to a temporary file first and
-  hard-linked to `.lock` (link fails if `.lock` exists, atomically, also on NFS), so a `.lock` that exists
+Design (docs/operations.md, "Two runs on one run directory"; docs/multinode.md for leases):
+* Acquire = create the file exclusively. The owner JSON is written and fsynced to a temporary file first and
+  hard-linked to the name (link fails if the name exists, atomically, also on NFS), so a held file that exists
   is always complete. Where hard links are not supported, O_CREAT|O_EXCL is used instead.
-* The holder keeps `flock(LOCK_EX)` on `.lock` for as long as it holds it. The kernel drops that lock when
+* The holder keeps `flock(LOCK_EX)` on the file for as long as it holds it. The kernel drops that lock when
   the process dies, however it dies, so on one host a contender tells a live holder from a dead one exactly:
   if it can take the flock, nobody holds it (pid reuse cannot fool this, unlike a pid check).
-* The holder touches `.lock` every `heartbeat_s` seconds. A lock from another host (shared storage, where
-  flock may not reach) is stale once its mtime is older than `ttl_s`; clocks must roughly agree (NTP).
-* Takeover of a stale lock happens under flock on `.lock.break`: re-read `.lock`, and only if it is still the
-  same owner (token) and still stale, remove it; then create `.lock` exclusively like anyone else. Two takers
+* The holder touches the file every `heartbeat_s` seconds. A file from another host (shared storage, where
+  flock may not reach) is stale once its mtime is older than the TTL (the owner's `ttl_s` when it recorded
+  one, else the contender's); clocks must roughly agree (NTP).
+* Takeover of a stale file happens under flock on `<name>.break`: re-read the file, and only if it is still
+  the same owner (token) and still stale, remove it; then create it exclusively like anyone else. Two takers
   are serialised, and the second finds a different token and judges afresh, so two can never both win.
-* The heartbeat also checks that `.lock` still holds this owner's token; if not (taken over after a long
-  stall), `check()` raises RunLockLostError so the holder stops writing.
+* The heartbeat also checks that the file still holds this owner's token; if not (taken over after a long
+  stall), `check()` raises the holder's "lost" error so it stops writing.
+
+The run lock comes in two kinds (`exclusive`): an exclusive one (extract, retry, verify) keeps every other
+run out, shard leases of other runs included; a shared one (`exclusive=False`) is the short run-level guard
+of flow runs that extract one run directory together (only while they write run.json), and waits for
+another shared holder instead of refusing.
 """
 
 from __future__ import annotations
@@ -49,8 +56,10 @@ class LockOwner:
     pid: int
     started_at: str  # ISO time, UTC
     token: str  # random; tells two holders apart even with one host and pid
-    purpose: str  # "extract", "verify", "retry", ...
+    purpose: str  # "extract", "verify", "retry", "open-run", "extract shard 3", ...
     flow_run_id: str | None = None
+    ttl_s: float | None = None  # the holder's promise: stale once the file's mtime is older than this
+    exclusive: bool = True  # a run lock that keeps other runs (and their shard leases) out
 
     def describe(self) -> str:
         run = f", flow run {self.flow_run_id}" if self.flow_run_id else ""
@@ -59,25 +68,33 @@ class LockOwner:
 
 @dataclass(frozen=True)
 class LockState:
-    """What `.lock` says about who holds a run directory (for `eagle3 status`)."""
+    """What a held file says about who holds it (for `eagle3 status` and the error messages)."""
 
     owner: LockOwner | None  # None: the file is unreadable (being created, or damaged)
     heartbeat_age_s: float
-    stale: str | None  # why the lock is stale, or None when its holder is alive
+    stale: str | None  # why the file is stale, or None when its holder is alive
+    ttl_s: float = DEFAULT_TTL_S  # the TTL it was judged with
 
     def describe(self) -> str:
         who = self.owner.describe() if self.owner else "an unknown owner (unreadable lock file)"
         state = f"stale: {self.stale}" if self.stale else "alive"
         return f"{who}; last heartbeat {self.heartbeat_age_s:.0f} s ago; {state}"
 
+    @property
+    def expires_in_s(self) -> float:
+        """Seconds until another host may take it over without a heartbeat (0 when already stale)."""
+        return 0.0 if self.stale else max(0.0, self.ttl_s - self.heartbeat_age_s)
+
 
 class RunLockedError(RuntimeError):
-    """Another live run holds the run directory."""
+    """Another live run holds the run directory (or, for an exclusive lock, a shard lease in it)."""
 
-    def __init__(self, path: Path, state: LockState, ttl_s: float):
+    def __init__(self, path: Path, state: LockState, ttl_s: float, *, run_dir: Path | None = None):
         self.path, self.state = path, state
+        run_dir = run_dir or path.parent
+        what = "locked" if path.name == LOCK_NAME else f"shard lease {path.name} held"
         super().__init__(
-            f"{path.parent} is in use: locked by {state.describe()}. Two runs writing one store would race on "
+            f"{run_dir} is in use: {what} by {state.describe()}. Two runs writing one store would race on "
             "its manifests; wait for that run to finish, or stop it (`eagle3 status RUN_DIR` shows the holder). "
             f"A lock left by a killed run is taken over automatically: at once on the same host, after {ttl_s:.0f} s "
             f"without a heartbeat from another host. If you are sure no run uses the directory, delete {path}."
@@ -120,7 +137,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def read_owner(path: Path) -> LockOwner | None:
-    """The owner recorded in a lock file; None when it is unreadable. Raises FileNotFoundError when absent."""
+    """The owner recorded in a held file; None when it is unreadable. Raises FileNotFoundError when absent."""
     try:
         return LockOwner(**json.loads(Path(path).read_text()))
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError):
@@ -128,9 +145,10 @@ def read_owner(path: Path) -> LockOwner | None:
 
 
 def judge(path: Path, ttl_s: float = DEFAULT_TTL_S, host: str | None = None) -> LockState:
-    """Is the lock at `path` held by a live process? Raises FileNotFoundError when there is no lock."""
+    """Is the file at `path` held by a live process? Raises FileNotFoundError when there is none."""
     owner = read_owner(path)
     age = max(0.0, time.time() - path.stat().st_mtime)
+    ttl = owner.ttl_s if owner is not None and owner.ttl_s is not None else ttl_s
     here = host or _hostname()
     stale: str | None = None
     if owner is not None and owner.host == here:
@@ -143,9 +161,9 @@ def judge(path: Path, ttl_s: float = DEFAULT_TTL_S, host: str | None = None) -> 
             stale = f"no live process holds it (pid {owner.pid} is {'alive' if _pid_alive(owner.pid) else 'gone'})"
         elif free is None and not _pid_alive(owner.pid):
             stale = f"pid {owner.pid} is gone"
-    elif age > ttl_s:
-        stale = f"no heartbeat for {age:.0f} s (lock TTL {ttl_s:.0f} s)"
-    return LockState(owner, age, stale)
+    elif age > ttl:
+        stale = f"no heartbeat for {age:.0f} s (TTL {ttl:.0f} s)"
+    return LockState(owner, age, stale, ttl)
 
 
 def lock_state(run_dir: str | Path, ttl_s: float = DEFAULT_TTL_S) -> LockState | None:
@@ -156,23 +174,29 @@ def lock_state(run_dir: str | Path, ttl_s: float = DEFAULT_TTL_S) -> LockState |
         return None
 
 
-class RunLock:
-    """Exclusive hold on a run directory for one process. Use as a context manager, or acquire()/release()."""
+class HeldFile:
+    """A file that one live process holds (create-exclusive, flock, heartbeat, stale takeover).
+
+    `try_acquire()` returns False when a live owner holds it; subclasses turn that into their own error."""
+
+    lost_error: type[Exception] = RunLockLostError
 
     def __init__(
         self,
-        run_dir: str | Path,
+        path: Path,
         *,
-        purpose: str = "extract",
+        purpose: str,
         flow_run_id: str | None = None,
         ttl_s: float = DEFAULT_TTL_S,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         host: str | None = None,
+        exclusive: bool = True,
+        record_ttl: bool = False,
     ):
         if heartbeat_s * 3 > ttl_s:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be at most a third of ttl_s={ttl_s}")
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_NAME
+        self.path = Path(path)
+        self.break_path = self.path.with_name(self.path.name + ".break")
         self.ttl_s, self.heartbeat_s = ttl_s, heartbeat_s
         self.owner = LockOwner(
             host=host or _hostname(),
@@ -181,40 +205,42 @@ class RunLock:
             token=secrets.token_hex(8),
             purpose=purpose,
             flow_run_id=flow_run_id,
+            ttl_s=ttl_s if record_ttl else None,
+            exclusive=exclusive,
         )
-        self.took_over: LockState | None = None  # the stale lock this one replaced, if any
+        self.took_over: LockState | None = None  # the stale file this one replaced, if any
         self.lost: str | None = None
         self._fd: int | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
-    # context manager ----------------------------------------------------------------------
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        self.release()
-
     @property
     def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self) -> RunLock:
+    def state(self) -> LockState | None:
+        """Who holds the file now (None: nobody)."""
+        try:
+            return judge(self.path, self.ttl_s, self.owner.host)
+        except FileNotFoundError:
+            return None
+
+    def try_acquire(self) -> bool:
+        """Hold the file: True when this owner now holds it (a stale one taken over); False when a live owner does."""
         if self.held:
-            raise RuntimeError(f"{self.path}: this RunLock is already held")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+            raise RuntimeError(f"{self.path}: already held by this object")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
             if self._create():
                 self._start_heartbeat()
-                return self
-            try:
-                state = judge(self.path, self.ttl_s, self.owner.host)
-            except FileNotFoundError:
+                return True
+            state = self.state()
+            if state is None:
                 continue  # released meanwhile: try again
             if state.stale is None:
-                raise RunLockedError(self.path, state, self.ttl_s)
+                return False
             self._break(state)
-        raise RunLockedError(self.path, lock_state(self.run_dir, self.ttl_s) or LockState(None, 0.0, None), self.ttl_s)
+        return False
 
     def release(self) -> None:
         self._stop.set()
@@ -226,27 +252,28 @@ class RunLock:
         try:
             if self._still_mine():
                 self.path.unlink()
-                fsync_dir(self.run_dir)
+                fsync_dir(self.path.parent)
         finally:
             os.close(self._fd)  # drops the flock
             self._fd = None
 
     def check(self) -> None:
-        """Raise RunLockLostError if another process took this lock over (call between units of work)."""
+        """Raise `lost_error` if another process took this file over (call between units of work)."""
         if self.lost is not None:
-            raise RunLockLostError(f"{self.path}: this run no longer holds the run directory: {self.lost}")
+            raise self.lost_error(f"{self.path}: this process no longer holds it: {self.lost}")
 
     # internals ----------------------------------------------------------------------------
     def _create(self) -> bool:
-        """Create `.lock` holding our owner JSON, exclusively. False when it exists."""
+        """Create the file holding our owner JSON, exclusively. False when it exists."""
         data = (json.dumps(asdict(self.owner)) + "\n").encode()
-        tmp = self.run_dir / f".lock.{self.owner.token}.tmp"
+        tmp = self.path.with_name(f"{self.path.name}.{self.owner.token}.tmp")
+        tmp = tmp.with_name("." + tmp.name.lstrip("."))
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
         linked = False
         try:
             os.write(fd, data)
             os.fsync(fd)
-            _try_flock(fd)  # held before the name appears: a contender never sees an unlocked live lock
+            _try_flock(fd)  # held before the name appears: a contender never sees an unlocked live file
             try:
                 os.link(tmp, self.path)
                 linked = True
@@ -262,7 +289,7 @@ class RunLock:
         if not linked:
             return self._create_excl(data)
         self._fd = fd
-        fsync_dir(self.run_dir)
+        fsync_dir(self.path.parent)
         return True
 
     def _create_excl(self, data: bytes) -> bool:
@@ -275,28 +302,27 @@ class RunLock:
         os.write(fd, data)
         os.fsync(fd)
         self._fd = fd
-        fsync_dir(self.run_dir)
+        fsync_dir(self.path.parent)
         return True
 
     def _break(self, state: LockState) -> None:
-        """Remove the stale lock described by `state`, unless it changed meanwhile (then the caller re-judges)."""
-        fd = os.open(self.run_dir / BREAK_NAME, os.O_CREAT | os.O_RDWR, 0o644)
+        """Remove the stale file described by `state`, unless it changed meanwhile (then the caller re-judges)."""
+        fd = os.open(self.break_path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             deadline = time.monotonic() + 30.0
             while _try_flock(fd) is False:  # None (no flock here): go on without; the token check still holds
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.run_dir / BREAK_NAME}: another process is taking over the lock")
+                    raise TimeoutError(f"{self.break_path}: another process is taking over {self.path}")
                 time.sleep(0.05)
-            try:
-                now = judge(self.path, self.ttl_s, self.owner.host)
-            except FileNotFoundError:
+            now = self.state()
+            if now is None:
                 return
             same = (now.owner is None and state.owner is None) or (
                 now.owner is not None and state.owner is not None and now.owner.token == state.owner.token
             )
             if same and now.stale is not None:
                 self.path.unlink()
-                fsync_dir(self.run_dir)
+                fsync_dir(self.path.parent)
                 self.took_over = now
         finally:
             os.close(fd)
@@ -310,16 +336,80 @@ class RunLock:
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
-        self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="run-lock-heartbeat")
+        self._beat = threading.Thread(target=self._heartbeat, daemon=True, name=f"heartbeat-{self.path.name}")
         self._beat.start()
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 if not self._still_mine():
-                    state = lock_state(self.run_dir, self.ttl_s)
+                    state = self.state()
                     self.lost = f"now held by {state.describe()}" if state else f"{self.path} was removed"
                     return
                 os.utime(self.path)
             except OSError:  # a storage hiccup: keep trying; the TTL is several heartbeats long
                 continue
+
+
+class RunLock(HeldFile):
+    """A hold on a run directory for one process. Use as a context manager, or acquire()/release().
+
+    exclusive (the default): RunLockedError when another live run holds the directory or a shard lease in it.
+    shared (`exclusive=False`, the guard of cooperating flow runs while they write run.json): waits up to
+    `wait_s` for another shared holder; refuses an exclusive one at once."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        purpose: str = "extract",
+        flow_run_id: str | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        host: str | None = None,
+        exclusive: bool = True,
+        wait_s: float = 0.0,
+    ):
+        self.run_dir = Path(run_dir)
+        self.wait_s = wait_s
+        super().__init__(
+            self.run_dir / LOCK_NAME,
+            purpose=purpose,
+            flow_run_id=flow_run_id,
+            ttl_s=ttl_s,
+            heartbeat_s=heartbeat_s,
+            host=host,
+            exclusive=exclusive,
+        )
+
+    # context manager ----------------------------------------------------------------------
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.release()
+
+    def acquire(self) -> RunLock:
+        if self.held:
+            raise RuntimeError(f"{self.path}: this RunLock is already held")
+        deadline = time.monotonic() + self.wait_s
+        while not self.try_acquire():
+            state = self.state() or LockState(None, 0.0, None, self.ttl_s)
+            shared_holder = state.owner is not None and not state.owner.exclusive
+            if self.owner.exclusive or not shared_holder or time.monotonic() > deadline:
+                raise RunLockedError(self.path, state, self.ttl_s)
+            time.sleep(0.2)
+        if self.owner.exclusive:
+            self._refuse_live_leases()
+        return self
+
+    def _refuse_live_leases(self) -> None:
+        """An exclusive holder must not share the directory with another run's shard leases (they check
+        `.lock` after taking a lease, this checks the leases after taking `.lock`: one of two racers sees the other)."""
+        from eagle3.lease import live_leases  # eagle3.lease builds on this module
+
+        live = live_leases(self.run_dir, host=self.owner.host)
+        if live:
+            path, state = live[0]
+            self.release()
+            raise RunLockedError(path, state, self.ttl_s, run_dir=self.run_dir)
