@@ -1,0 +1,122 @@
+"""Run by SGLang's interpreter (.venv-sglang/bin/python): load an exported draft through SGLang 0.5.23's own
+loader on CPU, the way its EAGLE worker does, and dump what SGLang made of it for the test to compare.
+
+    python sglang_load_draft.py --draft DIR --target DIR --out FILE.safetensors --port P
+
+Dumped tensors: every parameter of SGLang's LlamaForCausalLMEagle3 ("param.<name>"), its hot_token_id, and
+the draft's rotary embedding applied to a seeded q/k ("rope.*"). Metadata (JSON in the safetensors header):
+the class SGLang chose, the layer ids it read from the draft's config.json, the target's resolved
+layers_to_capture (HF hidden_states indices), and what SGLang says when asked for an EAGLE3 draft attention
+backend on this machine (why EAGLE3 cannot be served on a CPU without AMX, docs/sglang.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from types import SimpleNamespace
+
+import torch
+from safetensors.torch import save_file
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--draft", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--port", type=int, required=True, help="gloo rendezvous port")
+    args = p.parse_args()
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
+    from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+        configure_aux_hidden_state_capture,
+    )
+    from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+        resolve_spec_aux_hidden_state_config,
+    )
+    from sglang.srt.model_loader import get_model
+    from sglang.srt.runtime_context import SpawnRanks, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    server_args = ServerArgs(
+        model_path=args.target,
+        device="cpu",
+        dtype="bfloat16",
+        skip_tokenizer_init=True,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=args.draft,
+        speculative_num_steps=3,
+        speculative_eagle_topk=1,
+        speculative_num_draft_tokens=4,
+    )
+    reset_context()
+    publish(server_args, role="test", ranks=SpawnRanks(world_rank=0))
+    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    initialize_model_parallel(backend="gloo")
+    device = DeviceConfig("cpu")
+
+    # the draft, as the draft worker loads it (is_draft_model=True, the real weights)
+    draft_cfg = ModelConfig.from_server_args(server_args, model_path=args.draft, is_draft_model=True)
+    draft = get_model(model_config=draft_cfg, load_config=LoadConfig(), device_config=device)
+    tensors = {f"param.{n}": p.detach().clone() for n, p in draft.named_parameters()}
+    if draft.hot_token_id is not None:
+        tensors["hot_token_id"] = draft.hot_token_id.clone()
+
+    # the draft's RoPE on a seeded q/k (positions 0..63)
+    attn = draft.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(0)
+    positions = torch.arange(64)
+    q = torch.randn(64, attn.q_size, generator=g)
+    k = torch.randn(64, attn.kv_size, generator=g)
+    q_rot, k_rot = attn.rotary_emb(positions, q.clone(), k.clone())
+    tensors.update({"rope.q": q, "rope.k": k, "rope.q_rot": q_rot.reshape(q.shape), "rope.k_rot": k_rot.reshape(k.shape)})
+
+    # the target: which layers SGLang captures for this draft (dummy weights: only the wiring matters)
+    target_cfg = ModelConfig.from_server_args(server_args, model_path=args.target)
+    aux = resolve_spec_aux_hidden_state_config(
+        server_args=server_args,
+        model_config=target_cfg,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        is_draft_worker=False,
+    )
+    target = get_model(model_config=target_cfg, load_config=LoadConfig(load_format="dummy"), device_config=device)
+    configure_aux_hidden_state_capture(
+        model=target,
+        eagle_use_aux_hidden_state=aux.eagle_use_aux_hidden_state,
+        eagle_aux_hidden_state_layer_ids=aux.eagle_aux_hidden_state_layer_ids,
+        dflash_use_aux_hidden_state=False,
+        dflash_target_layer_ids=None,
+        is_dspark=False,
+    )
+
+    # what SGLang answers when the EAGLE worker asks for its draft attention backends here
+    runner = SimpleNamespace(draft_attention_backend=None, model_config=draft_cfg)
+    backend_errors = {}
+    factory = DraftBackendFactory(runner, topk=1, speculative_num_steps=3)
+    for name, make in (("decode", factory.create_decode_backend), ("draft_extend", factory.create_draft_extend_backend)):
+        try:
+            make()
+            backend_errors[name] = None
+        except Exception as e:  # noqa: BLE001 - the message is the finding
+            backend_errors[name] = f"{type(e).__name__}: {e}"
+
+    meta = {
+        "class": type(draft).__name__,
+        "draft_layer_ids": aux.eagle_aux_hidden_state_layer_ids,
+        "target_layers_to_capture": list(target.model.layers_to_capture),
+        "rope_theta": float(getattr(attn.rotary_emb, "base", float("nan"))),
+        "backend_errors": backend_errors,
+    }
+    save_file({k: v.contiguous() for k, v in tensors.items()}, args.out, metadata={"result": json.dumps(meta)})
+
+
+if __name__ == "__main__":
+    main()
