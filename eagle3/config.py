@@ -163,6 +163,20 @@ class EvaluateConfig(StrictModel):
         description="Held-out prompts (JSONL, rows like data.dataset's): each row's turns before its last "
         "assistant turn are the prompt. Keep them out of the training data.",
     )
+    # live evaluation (eagle3/evaluate/live.py) -------------------------------------------------
+    live: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Serve the exported draft with SGLang EAGLE3 and time it against the plain server. `auto`: on "
+        "CUDA only (SGLang 0.5.23 cannot serve EAGLE3 on a CPU without AMX, docs/sglang.md). `on`: try anyway.",
+    )
+    eagle_topk: int = Field(1, ge=1, le=64, description="SGLang --speculative-eagle-topk (1 = a chain).")
+    num_draft_tokens: int | None = Field(
+        None,
+        ge=2,
+        le=1024,
+        description="SGLang --speculative-num-draft-tokens (None: draft_steps + 1, the whole chain when topk is 1).",
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="Live evaluation: seconds per /generate request.")
 
 
 class PipelineConfig(StrictModel):
