@@ -51,6 +51,27 @@ class SynthesizeConfig(StrictModel):
     seed: int = Field(0, description="Sampling seed (temperature > 0).")
 
 
+class ServerSlot(StrictModel):
+    """One of several servers of one extraction (`server.servers`): launched here on its own port (and GPUs),
+    or attached by URL. Everything else comes from the `server` section."""
+
+    url: str | None = Field(None, description="sglang engine: attach to this running server instead of launching.")
+    port: int | None = Field(
+        None, gt=0, lt=65536, description="Port of this launched server (None: `server.port` + its position)."
+    )
+    gpus: str | None = Field(
+        None,
+        pattern=r"^[0-9]+(,[0-9]+)*$",
+        description="GPUs of this server, e.g. `0,1,2,3` (sglang: its CUDA_VISIBLE_DEVICES; transformers: one "
+        "GPU, used as cuda:N). None: the section's own settings.",
+    )
+    dump_dir: str | None = Field(
+        None,
+        description="sglang engine: where this server writes dumps. A launched server: None gives "
+        "`extract.dump_dir`/HOST-PORT. An attached server: the EAGLE3_DUMP_DIR it was launched with.",
+    )
+
+
 class ServerConfig(StrictModel):
     """The engine that runs the target model for synthesis and extraction."""
 
@@ -80,6 +101,30 @@ class ServerConfig(StrictModel):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server (NCCL_*, CUDA_*).")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for /health.")
     max_restarts: int = Field(2, ge=0, le=100, description="Restarts after a crash during extraction.")
+    servers: list[ServerSlot] = Field(
+        default_factory=list,
+        description="Several servers for one extraction, each busy with its own shards at the same time (one per "
+        "GPU group, or attached by URL). Empty: the one server this section describes.",
+    )
+
+    @model_validator(mode="after")
+    def _check_servers(self) -> ServerConfig:
+        if self.servers and self.url is not None:
+            raise ValueError("server.url and server.servers are both set; give each server's url in server.servers")
+        if self.engine == "transformers":
+            bad = [i for i, s in enumerate(self.servers) if s.url is not None or s.dump_dir is not None]
+            if bad:
+                raise ValueError(
+                    f"server.servers {bad}: url and dump_dir are for the sglang engine (the transformers engine "
+                    "runs in this process)"
+                )
+            multi = [i for i, s in enumerate(self.servers) if s.gpus is not None and "," in s.gpus]
+            if multi:
+                raise ValueError(f"server.servers {multi}: the transformers engine runs on one GPU; give one GPU each")
+        ports = [self.port + i if s.port is None else s.port for i, s in enumerate(self.servers) if s.url is None]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"server.servers: two launched servers would share a port ({ports}); set `port` on each")
+        return self
 
 
 class ExtractConfig(StrictModel):
@@ -102,6 +147,20 @@ class ExtractConfig(StrictModel):
         None,
         description="sglang engine: --return-aux-hidden-state-layer-ids for a model family without a known rule "
         "(eagle3/sglang_layers.py). The hook checks at start-up that SGLang then captures exactly aux_layers.",
+    )
+    share_run_dir: bool = Field(
+        False,
+        description="Let other flow runs (e.g. one per node) extract this run directory at the same time: each "
+        "shard is leased to one of them, and the run directory is held only while run.json is written. False: "
+        "this flow run holds the run directory for its whole length and a second one is refused.",
+    )
+    lease_ttl_s: float = Field(
+        600.0,
+        ge=3.0,
+        le=86400.0,
+        description="A shard lease (and the run lock) held from another host expires this long after its "
+        "holder's last heartbeat (every lease_ttl_s/20, at most 30 s); on one host a dead holder's lease is "
+        "taken over at once.",
     )
 
 
@@ -203,6 +262,18 @@ class PipelineConfig(StrictModel):
         order = {s: i for i, s in enumerate(STAGES)}
         if [order[s] for s in self.stages] != sorted(order[s] for s in set(self.stages)):
             raise ValueError(f"stages must be unique and in pipeline order {list(STAGES)}; got {self.stages}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_attached_dump_dirs(self) -> PipelineConfig:
+        """Two attached servers writing one dump directory would clear each other's files."""
+        base = self.extract.dump_dir or str(Path(self.run_dir) / "dump")
+        dirs = [s.dump_dir or base for s in self.server.servers if s.url is not None]
+        if len(set(dirs)) != len(dirs):
+            raise ValueError(
+                f"server.servers: attached servers share a dump directory ({dirs}); launch each with its own "
+                "EAGLE3_DUMP_DIR and give it as that entry's dump_dir"
+            )
         return self
 
 

@@ -1,4 +1,6 @@
-"""The extraction flow: hidden states for every prepared shard, one retried task per shard."""
+"""The extraction flow: hidden states for every prepared shard, one retried task per shard, on every server of
+the flow run at once; with `extract.share_run_dir`, together with other flow runs (other nodes) on one run
+directory, shard by shard (leases)."""
 
 from __future__ import annotations
 
@@ -6,34 +8,30 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from tasks.extract import (
-    ExtractSummary,
-    disk_budget_task,
-    engine_session,
-    extract_outcome,
-    extract_shard_task,
-    failure_messages,
-    open_run_task,
-    report_extract_task,
-    run_lock,
-)
+from tasks.extract import disk_budget_task, open_run_task, run_shards
+from tasks.extract_hold import run_lock
+from tasks.extract_plan import ExtractSummary
+from tasks.extract_report import extract_outcome, outcomes, report_extract_task
+from tasks.extract_servers import engine_session
 from tasks.model import resolve_model_task
 
 
 @flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
 def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
-    """model ─► lock run_dir ─► open run (run.json) ─► disk budget ─► shard 0 ─► shard 1 ─► … ─► shard table +
-    summary ─► Failed if a shard failed
+    """model ─► hold run_dir ─► open run (run.json) ─► disk budget ─► shards, one per server at a time (each under
+    its lease) ─► shards other runs held ─► shard table + summary ─► Failed if a shard failed
 
-    A second run on the same run directory refuses (RunLockedError). Every shard is attempted (with
-    `extract.shard_retries` retries) even when an earlier one failed; complete shards are Skipped without
-    loading the model. A disk budget that does not fit fails the run (or the shard) before it writes.
+    By default a second run on the same run directory refuses (RunLockedError). With `extract.share_run_dir`
+    the run directory is held only while run.json is written, and flow runs split the shards by lease. Every
+    shard is attempted (with `extract.shard_retries` retries) even when an earlier one failed; complete shards
+    are Skipped without loading the model. A disk budget that does not fit fails the run before it writes.
     """
     model_dir = resolve_model_task(config)
-    with run_lock(config.run_dir, purpose="extract"), engine_session():
+    shared = config.extract.share_run_dir
+    with run_lock(config.run_dir, "extract", shared=shared, ttl_s=config.extract.lease_ttl_s) as hold, engine_session():
         plan = open_run_task(config, model_dir)
+        hold.opened()
         disk_budget_task(config, plan)
-        run_shard = extract_shard_task.with_options(retries=config.extract.shard_retries)
-        states = {s: run_shard(config, model_dir, s, plan.progress_for(s), return_state=True) for s in plan.shards}
-        summary = report_extract_task(config, plan, failure_messages(states))
+        results, failures = outcomes(run_shards(config, model_dir, plan))
+        summary = report_extract_task(config, plan, failures, results)
     return extract_outcome(summary)

@@ -5,17 +5,11 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import State
 
-from tasks.extract import (
-    ExtractSummary,
-    disk_budget_task,
-    engine_session,
-    extract_outcome,
-    extract_shard_task,
-    failure_messages,
-    open_run_task,
-    report_extract_task,
-    run_lock,
-)
+from tasks.extract import disk_budget_task, open_run_task, run_shards
+from tasks.extract_hold import run_lock
+from tasks.extract_plan import ExtractSummary
+from tasks.extract_report import extract_outcome, outcomes, report_extract_task
+from tasks.extract_servers import engine_session
 from tasks.model import resolve_model_task
 from tasks.retry import plan_retry_task, run_config_task
 
@@ -23,18 +17,17 @@ from tasks.retry import plan_retry_task, run_config_task
 @flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True)
 def retry_failed_flow(run_dir: str, shards: list[int] | None = None) -> ExtractSummary | State:
     """run.json's config ─► lock run_dir ─► plan (failed/partial shards, or `shards`) ─► model ─► open run ─►
-    disk budget ─► each planned shard (only its missing samples) ─► shard table + summary ─► Failed if one is
-    still not complete
+    disk budget ─► each planned shard (only its missing samples, under its lease) ─► shard table + summary ─►
+    Failed if one is still not complete
 
     The same shard task as the extract flow: sound files are adopted, the engine sees only missing samples.
     """
     config = run_config_task(run_dir)
-    with run_lock(run_dir, purpose="retry"), engine_session():
+    with run_lock(run_dir, "retry", ttl_s=config.extract.lease_ttl_s), engine_session():
         todo = plan_retry_task(config, shards)
         model_dir = resolve_model_task(config)
         plan = open_run_task(config, model_dir, shards=todo)
         disk_budget_task(config, plan)
-        run_shard = extract_shard_task.with_options(retries=config.extract.shard_retries)
-        states = {s: run_shard(config, model_dir, s, plan.progress_for(s), return_state=True) for s in plan.shards}
-        summary = report_extract_task(config, plan, failure_messages(states))
+        results, failures = outcomes(run_shards(config, model_dir, plan))
+        summary = report_extract_task(config, plan, failures, results)
     return extract_outcome(summary)

@@ -1,134 +1,60 @@
-"""extract: open the run, the disk budget, one task per shard around `eagle3.extract.extract_shard`, the report.
+"""extract: open the run, the disk budget, one task per shard around `eagle3.extract.extract_shard`, and
+`run_shards`, which keeps every server of the flow run busy with its own shards.
 
-The engine is built once per process and shared by the shard tasks that run there (building is cheap:
-the transformers engine loads weights on its first forward, so a run whose shards are all complete
-never loads the model). `engine_session()` closes it when the flow is done with it; `run_lock()` holds
-the run directory (eagle3.lock.RunLock) for the flow, and the shard tasks check it before each write.
+The pieces around it: tasks/extract_servers.py (the servers, lent to one shard task at a time),
+tasks/extract_hold.py (the run lock and the shard leases), tasks/extract_report.py (progress, tables, events,
+the flow's outcome), tasks/extract_plan.py (what the tasks pass each other).
 
-Events (resource `eagle3.run.<run directory name>`):
-    eagle3.disk.low      a disk check failed (payload: DiskCheck.as_event_payload(): need, free, total, reserve, ...)
-    eagle3.shard.failed  a shard ended failed or partial (shard, status, failed samples, first error, log)
-    eagle3.run.completed every selected shard is complete (samples, tokens, bytes, shards)
+A shard task takes the shard's lease (eagle3.lease) before it looks for work, so no shard is extracted by two
+processes at once, whichever flow runs or nodes share the run directory. A shard another live run holds is
+handed back at once as `Leased`; `run_shards` then waits for those (`wait=True`), and takes over a lease whose
+holder died.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from prefect import Task, get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, RUN_ID, TASK_SOURCE, CachePolicy
 from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
-from prefect.events import emit_event
-from prefect.runtime import flow_run
-from prefect.states import Completed, Failed, State
-from pydantic import BaseModel
+from prefect.futures import PrefectFuture
+from prefect.states import Completed, State
+from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config import PipelineConfig
 from eagle3.disk import DiskBudgetError, DiskGuard, fmt_bytes, run_budget, shard_budget
-from eagle3.engines import Engine, build_engine
 from eagle3.extract import RunMismatchError, extract_shard, open_run, shard_is_complete
-from eagle3.lock import RunLock, RunLockLostError
-from eagle3.progress import Progress
-from eagle3.retry import failed_shards
+from eagle3.lease import ShardLease, ShardLeaseLostError
+from eagle3.lock import RunLockedError, RunLockLostError
+from eagle3.progress import Progress, ProgressFn
 from eagle3.store import RunInfo, RunStore, ShardManifest
-from tasks.artifacts import (
-    RunProgressRef,
-    TaskProgress,
-    create_run_progress,
-    finish_run_progress,
-    markdown_artifact,
-    run_key,
-    table_artifact,
+from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress
+from tasks.extract_hold import check_lock, shard_lease
+from tasks.extract_plan import (
+    ExtractPlan,
+    ShardIncomplete,
+    ShardOutcome,
+    ShardResult,
+    ShardStillLeased,
+    select_shards,
 )
+from tasks.extract_report import RunProgressBoard, disk_low
+from tasks.extract_servers import server_count, server_pool
 
 OPEN_RUN_TIMEOUT_S = 15 * 60  # hashes the model directory (weights > 64 MiB: first and last MiB only)
 SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.shard_size with care
 SHARD_RETRY_DELAY_S = 5
-REPORT_TIMEOUT_S = 10 * 60
 BUDGET_TIMEOUT_S = 10 * 60  # reads every shard manifest; with disk.budget_gb also walks the store
+LEASE_POLL_S = 2.0  # how often a waiting shard task looks at a lease another run holds
 GB = 1e9
-#: Failures a retry of the same task cannot fix: the disk, the lock, a store made for other data.
-FINAL_ERRORS = (DiskBudgetError, RunLockLostError, RunMismatchError)
-
-_ENGINES: dict[str, Engine] = {}
-_LOCKS: dict[str, RunLock] = {}  # resolved run_dir -> the lock this process's flow holds
-
-
-def retry_hint(run_dir: str) -> str:
-    return (
-        f"Fix the cause (the first error says it), then `eagle3 retry {run_dir}` (only failed and partial shards, "
-        "only their missing samples) or run extraction again (`eagle3 run CONFIG --stages extract`): complete "
-        "shards are skipped and only the missing samples are redone."
-    )
-
-
-def engine_for(config: PipelineConfig, model_dir: str) -> Engine:
-    """The engine for this model and server config, built once per process."""
-    key = json.dumps([str(Path(model_dir).resolve()), config.server.model_dump(mode="json"), config.extract.aux_layers])
-    if key not in _ENGINES:
-        _ENGINES[key] = build_engine(config, Path(model_dir))
-    return _ENGINES[key]
-
-
-def close_engines() -> None:
-    """Close every engine of this process (a launched SGLang server stops; cached weights stay)."""
-    while _ENGINES:
-        _, engine = _ENGINES.popitem()
-        engine.close()
-
-
-@contextmanager
-def engine_session() -> Iterator[None]:
-    try:
-        yield
-    finally:
-        close_engines()
-
-
-@contextmanager
-def run_lock(run_dir: str, purpose: str) -> Iterator[RunLock]:
-    """Hold `run_dir` for this flow run (RunLockedError when another live run holds it; a stale lock is
-    taken over). The lock heartbeats in its own thread; the shard tasks call `check()` before writing."""
-    lock = RunLock(run_dir, purpose=purpose, flow_run_id=flow_run.get_id()).acquire()
-    key = str(Path(run_dir).resolve())
-    _LOCKS[key] = lock
-    try:
-        if lock.took_over is not None:
-            get_run_logger().warning("%s: took over a stale lock (%s)", run_dir, lock.took_over.describe())
-        yield lock
-    finally:
-        _LOCKS.pop(key, None)
-        lock.release()
-
-
-def check_lock(run_dir: str) -> None:
-    """Raise RunLockLostError when this process's lock on `run_dir` was taken over (no-op without one)."""
-    lock = _LOCKS.get(str(Path(run_dir).resolve()))
-    if lock is not None:
-        lock.check()
-
-
-def emit_run_event(run_dir: str, event: str, payload: dict[str, Any]) -> None:
-    """A Prefect event about the run directory: resource `eagle3.run.<name>` (related: the current run)."""
-    name = Path(run_dir).resolve().name or "run"
-    resource = {
-        "prefect.resource.id": f"eagle3.run.{name}",
-        "prefect.resource.name": name,
-        "eagle3.run_dir": str(Path(run_dir).resolve()),
-    }
-    emit_event(event=event, resource=resource, payload=payload)
-
-
-def disk_low(run_dir: str, e: DiskBudgetError) -> None:
-    """Emit `eagle3.disk.low` (the task then fails with the error's message: need, free, what to do)."""
-    emit_run_event(run_dir, "eagle3.disk.low", e.check.as_event_payload())
+LEASED = "Leased"
+#: Failures a retry of the same task cannot fix: the disk, the lock or a lease lost, a store made for other data.
+FINAL_ERRORS = (DiskBudgetError, RunLockLostError, ShardLeaseLostError, RunMismatchError, RunLockedError)
 
 
 def retry_unless_final(task: Task[..., Any], task_run: TaskRun, state: State[Any]) -> bool:
@@ -154,70 +80,20 @@ def store_identity(context: TaskRunContext, parameters: dict[str, Any]) -> str |
 SHARD_CACHE: CachePolicy = (INPUTS - "progress") + TASK_SOURCE + RUN_ID + CachePolicy.from_cache_key_fn(store_identity)
 
 
-class ExtractPlan(BaseModel):
-    """What the shard tasks need to know about this flow run: small and serialisable."""
-
-    run_dir: str
-    shards: list[int]
-    expected: dict[int, int]  # shard -> prepared samples
-    progress: RunProgressRef
-
-    def progress_for(self, shard: int) -> RunProgressRef:
-        """The run progress as seen by `shard`: the shards before it (in plan order) are done."""
-        before = sum(self.expected[s] for s in self.shards[: self.shards.index(shard)])
-        return self.progress.model_copy(update={"done_before": before})
-
-
-class ShardResult(BaseModel):
-    shard: int
-    status: Literal["complete", "skipped"]
-    samples: int
-    tokens: int
-    bytes: int
-    seconds: float
-
-
-class ShardIncomplete(RuntimeError):
-    """Some samples of a shard failed; retrying the task redoes only those."""
-
-
-class ExtractIncomplete(RuntimeError):
-    """Some shards did not complete; raised in the caller of the extract flow (e.g. the pipeline)."""
-
-
-class ExtractSummary(BaseModel):
-    run_dir: str
-    shards: list[int]
-    complete: list[int]
-    failed: dict[int, str]  # shard -> reason
-    samples: int
-    expected: int
-    tokens: int
-    bytes: int
-
-
-def select_shards(wanted: list[int] | None, num_shards: int) -> list[int]:
-    if wanted is None:
-        return list(range(num_shards))
-    missing = [s for s in wanted if not 0 <= s < num_shards]
-    if missing:
-        raise ValueError(f"extract.shards {wanted}: {missing} do not exist; the run has shards 0..{num_shards - 1}")
-    return sorted(set(wanted))
-
-
 @task(name="open-run", retries=0, timeout_seconds=OPEN_RUN_TIMEOUT_S, cache_policy=NO_CACHE)
 def open_run_task(config: PipelineConfig, model_dir: str, shards: list[int] | None = None) -> ExtractPlan:
     """Write run.json (or check that the existing store is for the same model, layers and data) and
     start the run-level progress artifact. `shards` (a retry's plan) replaces extract.shards."""
     logger = get_run_logger()
     store = RunStore(config.run_dir)
-    info = open_run(config, store, Path(model_dir), engine_for(config, model_dir).info)
+    pool = server_pool(config, model_dir)
+    info = open_run(config, store, Path(model_dir), pool.info)
     prepared = store.read_prepared_manifest()
     assert prepared is not None  # open_run refuses a store without prepared data
     shards = select_shards(config.extract.shards if shards is None else shards, len(prepared.shards))
     expected = {s: prepared.shards[s] for s in shards}
     logger.info(
-        "run %s: model %s, engine %s %s, HF aux layers %s (engine ids %s), %d shards, %d samples",
+        "run %s: model %s, engine %s %s, HF aux layers %s (engine ids %s), %d shards, %d samples; servers: %s",
         store.root,
         info.model_path,
         info.engine,
@@ -226,6 +102,7 @@ def open_run_task(config: PipelineConfig, model_dir: str, shards: list[int] | No
         info.engine_layer_ids,
         len(shards),
         sum(expected.values()),
+        ", ".join(s.label for s in pool.specs),
     )
     progress = create_run_progress(config.run_dir, "extract", sum(expected.values()))
     return ExtractPlan(run_dir=config.run_dir, shards=shards, expected=expected, progress=progress)
@@ -269,25 +146,57 @@ def disk_budget_task(config: PipelineConfig, plan: ExtractPlan) -> dict[str, int
     result_serializer="json",  # no pickle
 )
 def extract_shard_task(
-    config: PipelineConfig, model_dir: str, shard: int, progress: RunProgressRef | None = None
+    config: PipelineConfig, model_dir: str, shard: int, progress: RunProgressRef | None = None, wait: bool = False
 ) -> ShardResult | State:
-    """Hidden states for every sample of one shard. A shard whose files are all present and sound is
-    Skipped without touching the engine; a shard with failed samples raises, and a retry redoes only those.
-    Not started when its missing samples would not fit on disk; stopped cleanly when the disk fills during
-    it (both: event `eagle3.disk.low`, no retry)."""
+    """Hidden states for every sample of one shard, on a free server of this flow run. A shard whose files are
+    all present and sound is Skipped without touching a server; a shard with failed samples raises, and a retry
+    redoes only those. A shard whose lease another live run holds is `Leased` (with `wait`: waited for, and
+    Skipped when that run completes it, taken over when it dies). Not started when its missing samples would
+    not fit on disk; stopped cleanly when the disk fills during it (both: event `eagle3.disk.low`, no retry)."""
     logger = get_run_logger()
     store = RunStore(config.run_dir)
     info = store.read_run_info()
     if info is None:
         raise FileNotFoundError(f"{store.run_json} missing; the open-run task writes it before any shard")
     check_lock(config.run_dir)
-    report = TaskProgress(logger, f"shard {shard}", run=progress)
+    report = shard_report(logger, shard, progress)
     if shard_is_complete(store, shard, info):
-        m = store.read_manifest(shard)
-        assert m is not None
-        report(Progress("extract", m.expected, m.expected, 0, 0.0, skipped=m.expected))
-        logger.info("shard %d: complete (%d samples), skipped", shard, m.expected)
-        return Completed(name="Skipped", data=result_of(m, "skipped", 0.0))
+        return skipped(store, shard, report, "skipped")
+    lease = shard_lease(config, shard)
+    if not take_lease(lease, wait, give_up=lambda: shard_is_complete(store, shard, info)):
+        holder = lease.state()
+        who = holder.describe() if holder is not None else "a run that has finished since"
+        if shard_is_complete(store, shard, info):
+            logger.info("shard %d: completed by another run (%s)", shard, who)
+            return skipped(store, shard, report, "by-other-run", holder=who)
+        if wait:
+            raise ShardStillLeased(f"shard {shard}: still leased by {who} after {SHARD_TIMEOUT_S} s; run again later")
+        logger.info("shard %d: leased by another run (%s); this flow run comes back to it at the end", shard, who)
+        return Completed(name=LEASED, data=result_of(None, shard, "leased", 0.0, holder=who))
+    with lease:
+        if lease.took_over is not None:
+            logger.warning("shard %d: took over a stale lease (%s)", shard, lease.took_over.describe())
+        if shard_is_complete(store, shard, info):  # completed by another run between the two looks
+            return skipped(store, shard, report, "by-other-run", holder="a run that finished it meanwhile")
+        return extract_leased_shard(config, model_dir, store, info, shard, lease, report)
+
+
+def take_lease(lease: ShardLease, wait: bool, give_up: Any) -> bool:
+    if not wait:
+        return lease.try_acquire()
+    return lease.wait_acquire(SHARD_TIMEOUT_S, poll_s=LEASE_POLL_S, give_up=give_up)
+
+
+def extract_leased_shard(
+    config: PipelineConfig,
+    model_dir: str,
+    store: RunStore,
+    info: RunInfo,
+    shard: int,
+    lease: ShardLease,
+    report: ProgressFn,
+) -> ShardResult:
+    logger = get_run_logger()
     start = time.monotonic()
     dump_dir, window = config.extract.dump_dir, config.extract.window
     try:
@@ -296,9 +205,12 @@ def extract_shard_task(
 
         def guard(nbytes: int) -> None:
             check_lock(config.run_dir)
+            lease.check()
             disk(nbytes)
 
-        manifest = extract_shard(store, shard, engine_for(config, model_dir), info, report, guard=guard)
+        with server_pool(config, model_dir).checkout() as (server, engine):
+            logger.info("shard %d: on %s", shard, server.label)
+            manifest = extract_shard(store, shard, engine, info, report, guard=guard)
     except DiskBudgetError as e:
         disk_low(config.run_dir, e)
         raise
@@ -306,19 +218,50 @@ def extract_shard_task(
     if manifest.status != "complete":
         raise ShardIncomplete(describe_errors(manifest))
     logger.info(
-        "shard %d: %d samples, %d tokens, %.2f GB in %.1f s",
+        "shard %d: %d samples, %d tokens, %.2f GB in %.1f s on %s",
         shard,
         len(manifest.samples),
         manifest.tokens,
         manifest.bytes / GB,
         seconds,
+        server.label,
     )
-    return result_of(manifest, "complete", seconds)
+    return result_of(manifest, shard, "complete", seconds, server=server.label)
 
 
-def result_of(m: ShardManifest, status: Literal["complete", "skipped"], seconds: float) -> ShardResult:
+def shard_report(logger: Any, shard: int, progress: RunProgressRef | None) -> ProgressFn:
+    """The shard's own progress artifact and log lines, and its share of the flow run's progress."""
+    own = TaskProgress(logger, f"shard {shard}")
+    board = RunProgressBoard.of(progress, logger) if progress is not None else None
+
+    def report(p: Progress) -> None:
+        own(p)
+        if board is not None:
+            board.report(shard, p)
+
+    return report
+
+
+def skipped(store: RunStore, shard: int, report: ProgressFn, status: ShardOutcome, holder: str = "") -> State:
+    m = store.read_manifest(shard)
+    assert m is not None  # shard_is_complete read it
+    report(Progress("extract", m.expected, m.expected, 0, 0.0, skipped=m.expected))
+    get_run_logger().info("shard %d: complete (%d samples), skipped", shard, m.expected)
+    return Completed(name="Skipped", data=result_of(m, shard, status, 0.0, holder=holder))
+
+
+def result_of(
+    m: ShardManifest | None, shard: int, status: ShardOutcome, seconds: float, *, server: str = "", holder: str = ""
+) -> ShardResult:
     return ShardResult(
-        shard=m.shard, status=status, samples=len(m.samples), tokens=m.tokens, bytes=m.bytes, seconds=seconds
+        shard=shard,
+        status=status,
+        samples=len(m.samples) if m else 0,
+        tokens=m.tokens if m else 0,
+        bytes=m.bytes if m else 0,
+        seconds=seconds,
+        server=server,
+        holder=holder,
     )
 
 
@@ -328,144 +271,34 @@ def describe_errors(m: ShardManifest, show: int = 3) -> str:
     return f"shard {m.shard} {m.status}: {len(m.errors)} of {m.expected} samples failed: {first}{more}"
 
 
-def failure_messages(states: Mapping[int, State[Any]]) -> dict[int, str]:
-    """shard -> message, for the shard tasks that did not complete."""
-    return {s: state.message or state.name or "failed" for s, state in states.items() if not state.is_completed()}
+def is_leased(state: State[Any]) -> bool:
+    return state.is_completed() and state.name == LEASED
 
 
-@task(name="report-extract", retries=1, retry_delay_seconds=2, timeout_seconds=REPORT_TIMEOUT_S, cache_policy=NO_CACHE)
-def report_extract_task(config: PipelineConfig, plan: ExtractPlan, failures: dict[int, str]) -> ExtractSummary:
-    """The shard table and the markdown summary (keyed per run directory); closes the run progress."""
-    store = RunStore(config.run_dir)
-    info = store.read_run_info()
-    manifests = {s: store.read_manifest(s) for s in plan.shards}
-    rows = [shard_row(s, plan.expected[s], manifests[s], failures.get(s)) for s in plan.shards]
-    failed = {r["shard"]: r["error"] or r["status"] for r in rows if not_complete(r, failures)}
-    summary = ExtractSummary(
-        run_dir=str(store.root.resolve()),
-        shards=plan.shards,
-        complete=[r["shard"] for r in rows if r["shard"] not in failed],
-        failed=failed,
-        samples=sum(r["samples"] for r in rows),
-        expected=sum(plan.expected.values()),
-        tokens=sum(r["tokens"] for r in rows),
-        bytes=sum(int(r["GB"] * GB) for r in rows),
-    )
-    table_artifact(
-        run_key(config.run_dir, "extract-shards"), rows, f"Shards of {summary.run_dir}: {len(failed)} not complete"
-    )
-    failed_rows = [{**r, "log": log_of(store, manifests[r["shard"]])} for r in rows if r["shard"] in failed]
-    for r in failed_rows:
-        emit_run_event(config.run_dir, "eagle3.shard.failed", shard_event(r))
-    failed_rows += earlier_failures(store, plan.shards)
-    table_artifact(  # written every run and over the whole store, so the latest version is always current
-        run_key(config.run_dir, "extract-failed-shards"),
-        failed_rows,
-        f"{len(failed_rows)} shards not complete. {retry_hint(config.run_dir)}" if failed_rows else "No failed shards.",
-    )
-    if not failed_rows:
-        emit_run_event(config.run_dir, "eagle3.run.completed", completed_event(summary))
-    markdown_artifact(run_key(config.run_dir, "extract-summary"), summary_markdown(summary, info), "Extraction summary")
-    finish_run_progress(
-        plan.progress,
-        summary.samples,
-        f"{summary.samples}/{summary.expected} samples in store, {len(summary.complete)}/{len(plan.shards)} "
-        f"shards complete" + (f", failed: {sorted(failed)}" if failed else ""),
-    )
-    get_run_logger().info(
-        "extraction: %d/%d samples, %d tokens, %.2f GB; %d/%d shards complete%s",
-        summary.samples,
-        summary.expected,
-        summary.tokens,
-        summary.bytes / GB,
-        len(summary.complete),
-        len(plan.shards),
-        f"; not complete: {sorted(failed)}" if failed else "",
-    )
-    return summary
+def run_shards(config: PipelineConfig, model_dir: str, plan: ExtractPlan) -> dict[int, State[Any]]:
+    """Every planned shard, as many at once as this flow run has servers (Prefect's thread-pool task runner, one
+    thread per server). Shards another run holds come back `Leased` and are then waited for, so the flow run
+    ends when each of its shards is complete, failed, or completed by the other run. Returns shard -> final state."""
+    shard_task: Task[..., Any] = extract_shard_task.with_options(retries=config.extract.shard_retries)
+    waiting_task: Task[..., Any] = shard_task.with_options(
+        timeout_seconds=2 * SHARD_TIMEOUT_S
+    )  # the wait, then maybe the work
+
+    def parameters(shard: int, wait: bool) -> dict[str, Any]:
+        return {"config": config, "model_dir": model_dir, "shard": shard, "progress": plan.progress, "wait": wait}
+
+    runner: ThreadPoolTaskRunner[Any]
+    with ThreadPoolTaskRunner(max_workers=server_count(config)) as runner:
+        futures: dict[int, PrefectFuture[Any]] = {
+            s: runner.submit(shard_task, parameters(s, False)) for s in plan.shards
+        }
+        states = {s: settle(f) for s, f in futures.items()}
+        leased = [s for s, state in states.items() if is_leased(state)]
+        waits: dict[int, PrefectFuture[Any]] = {s: runner.submit(waiting_task, parameters(s, True)) for s in leased}
+        states.update({s: settle(f) for s, f in waits.items()})
+    return states
 
 
-def shard_event(row: dict[str, Any]) -> dict[str, Any]:
-    """Payload of `eagle3.shard.failed` from a failed-shards table row."""
-    return {
-        "shard": row["shard"],
-        "status": row["status"],
-        "failed_samples": row["errors"],
-        "first_error": row["error"],
-        "log": row["log"],
-    }
-
-
-def completed_event(s: ExtractSummary) -> dict[str, Any]:
-    """Payload of `eagle3.run.completed`."""
-    return {"shards": s.shards, "samples": s.samples, "expected": s.expected, "tokens": s.tokens, "bytes": s.bytes}
-
-
-def earlier_failures(store: RunStore, planned: list[int]) -> list[dict[str, Any]]:
-    """Failed-shards rows of shards outside this flow run's plan whose manifest says failed or partial."""
-    out = []
-    for s in failed_shards(store):
-        if s.shard not in planned:
-            m = store.read_manifest(s.shard)
-            out.append({**shard_row(s.shard, s.expected, m, None), "log": log_of(store, m)})
-    return out
-
-
-def not_complete(row: dict[str, Any], failures: dict[int, str]) -> bool:
-    return row["status"] != "complete" or row["shard"] in failures
-
-
-def log_of(store: RunStore, m: ShardManifest | None) -> str:
-    if m is None:
-        return "no manifest: the task failed before the shard started (see the task run's logs)"
-    return m.log or str(store.manifest_path(m.shard))
-
-
-def shard_row(shard: int, expected: int, m: ShardManifest | None, failure: str | None) -> dict[str, Any]:
-    errors = dict(m.errors) if m else {}
-    first_error = next(iter(errors.items()), None)
-    error = failure or (f"{first_error[0]}: {first_error[1]}" if first_error else "")
-    return {
-        "shard": shard,
-        "status": (m.status if m else "failed" if failure else "pending"),
-        "samples": len(m.samples) if m else 0,
-        "expected": expected,
-        "tokens": m.tokens if m else 0,
-        "GB": round(m.bytes / GB, 4) if m else 0.0,
-        "errors": len(errors) or int(failure is not None),
-        "error": error[:300],
-    }
-
-
-def summary_markdown(s: ExtractSummary, info: RunInfo | None) -> str:
-    lines = [
-        f"# Extraction: `{s.run_dir}`",
-        "",
-        f"- samples: **{s.samples} / {s.expected}**, tokens: {s.tokens}, size: {s.bytes / GB:.3f} GB",
-        f"- shards complete: {len(s.complete)} / {len(s.shards)}",
-    ]
-    if s.failed:
-        lines.append(f"- **not complete: {', '.join(str(x) for x in sorted(s.failed))}** (see the shard table)")
-    if info is not None:
-        lines += [
-            f"- model: `{info.model_path}` (sha256 {info.model_sha256[:12]}), {info.num_layers} layers, "
-            f"hidden {info.hidden_size}, {info.dtype}",
-            f"- engine: {info.engine} {info.engine_version}",
-            f"- aux layers (HF hidden_states indices): {info.aux_layers}; engine ids {info.engine_layer_ids} "
-            f"({info.engine_layer_convention})",
-            f"- dataset fingerprint: {info.dataset_fingerprint[:12]}",
-        ]
-    lines += ["", f"Inspect: `eagle3 status {s.run_dir}`"]
-    return "\n".join(lines)
-
-
-def extract_outcome(summary: ExtractSummary) -> ExtractSummary | State:
-    """The flow's result: the summary, or a Failed state naming the shards that did not complete."""
-    if not summary.failed:
-        return summary
-    names = "; ".join(f"shard {k}: {v}" for k, v in sorted(summary.failed.items()))
-    message = (
-        f"{len(summary.failed)} of {len(summary.shards)} shards did not complete ({names}). "
-        f"{retry_hint(summary.run_dir)}"
-    )
-    return Failed(message=message, data=ExtractIncomplete(message))
+def settle(future: PrefectFuture[Any]) -> State[Any]:
+    future.wait()
+    return future.state
