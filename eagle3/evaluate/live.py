@@ -1,0 +1,311 @@
+"""Live evaluation: the exported draft served by SGLang with EAGLE3 against the plain target, on the same prompts.
+
+    result = evaluate_live(prompts, draft_dir=..., model_dir=..., run_dir=..., server=cfg.server,
+                           evaluate=cfg.evaluate, base_env=os.environ, progress=...)   # also <run_dir>/eval/live.json
+
+Phases, each returning its stats:
+    serve     launch SGLang (eagle3/server.py) with the draft (`--speculative-algorithm EAGLE3 ...`), or plain
+    generate  warm up with one short request, then every prompt alone (batch 1, temperature 0, max_new_tokens):
+              wall time, completion tokens, and from meta_info `spec_verify_ct` (verify passes) and
+              `spec_num_correct_drafts` / `spec_num_proposed_drafts`
+    compare   tokens/s of each server and the speed-up; acceptance length = completion tokens / verify passes
+              over all prompts (SGLang's `spec_accept_length`, bonus token included); prompts whose outputs
+              differ (counted, not failed: bf16 verify and decode kernels can round differently)
+
+The draft server runs first, so a draft SGLang cannot serve is found before the plain run is spent. A
+speed-up below 1.0 sets `flag` and a loud `summary`: a draft that slows serving down must not pass quietly.
+On CPU, SGLang 0.5.23 cannot serve EAGLE3 (docs/sglang.md): `evaluate.live: auto` skips there without
+launching anything, and a launch that fails with those known errors gives status "unsupported", not a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from eagle3.config import EvaluateConfig, ServerConfig
+from eagle3.fsio import atomic_write_json
+from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.server import ServerError, SGLangServer, resolve_device
+from eagle3.store import now
+
+LIVE_FORMAT = "eagle3-eval-live/1"
+RESULT_FILE = Path("eval") / "live.json"
+WARMUP_TOKENS = 8
+#: Log lines by which SGLang 0.5.23 says it cannot run EAGLE3 on this machine (docs/sglang.md).
+UNSUPPORTED_SIGNS = (
+    "EAGLE is not supported in",
+    "no attribute 'copy_all_layer_kv_cache_cpu'",
+    "object has no attribute 'verify_tree_greedy_cpu'",
+)
+
+
+class LiveEvalError(RuntimeError):
+    """A server answered something the evaluation cannot use; the message names the server and the prompt."""
+
+
+class PromptRun(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_tokens: int
+    completion_tokens: int
+    seconds: float
+    verify_passes: int | None = None  # spec_verify_ct
+    correct_drafts: int | None = None  # spec_num_correct_drafts
+    proposed_drafts: int | None = None  # spec_num_proposed_drafts
+
+
+class ServerRun(BaseModel):
+    """One server's pass over the prompts."""
+
+    model_config = ConfigDict(extra="forbid")
+    label: Literal["plain", "eagle3"]
+    completion_tokens: int
+    seconds: float
+    tokens_per_s: float
+    accept_length: float | None = Field(None, description="completion tokens / verify passes (eagle3 only)")
+    accept_rate: float | None = Field(None, description="correct / proposed draft tokens (eagle3 only)")
+    startup_s: float | None = None
+    server_args: list[str] = Field(default_factory=list)
+    prompts: list[PromptRun]
+
+
+class LiveEvalResult(BaseModel):
+    """<run_dir>/eval/live.json."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: str = LIVE_FORMAT
+    status: Literal["ok", "skipped", "unsupported"]
+    reason: str | None = None
+    device: str
+    draft_dir: str
+    model_dir: str
+    num_prompts: int
+    max_new_tokens: int
+    speculative: dict[str, int] = Field(description="num_steps, eagle_topk, num_draft_tokens")
+    plain: ServerRun | None = None
+    eagle3: ServerRun | None = None
+    speed_up: float | None = Field(None, description="eagle3 tokens/s over plain tokens/s")
+    accept_length: float | None = None
+    mismatched_prompts: int | None = Field(None, description="prompts whose greedy outputs differ")
+    first_mismatch: list[int | None] | None = Field(None, description="per prompt: first differing position")
+    flag: bool = Field(False, description="speed-up below 1.0: the draft makes serving slower")
+    summary: str
+    created_at: str = Field(default_factory=now)
+
+
+def speculative_args(evaluate: EvaluateConfig) -> dict[str, int]:
+    draft_tokens = evaluate.num_draft_tokens or evaluate.draft_steps + 1
+    return {"num_steps": evaluate.draft_steps, "eagle_topk": evaluate.eagle_topk, "num_draft_tokens": draft_tokens}
+
+
+def eagle3_cli_args(draft_dir: Path, spec: Mapping[str, int]) -> list[str]:
+    return [
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", str(Path(draft_dir).resolve()),
+        "--speculative-num-steps", str(spec["num_steps"]),
+        "--speculative-eagle-topk", str(spec["eagle_topk"]),
+        "--speculative-num-draft-tokens", str(spec["num_draft_tokens"]),
+    ]  # fmt: skip
+
+
+# generate ------------------------------------------------------------------------------------------------------------
+def generate_one(
+    client: httpx.Client, url: str, prompt: Sequence[int], max_new_tokens: int, timeout_s: float
+) -> tuple[list[int], dict[str, Any], float]:
+    """(output ids, meta_info, wall seconds) of one greedy request."""
+    body = {"input_ids": list(prompt), "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens}}
+    t0 = time.perf_counter()
+    r = client.post(f"{url}/generate", json=body, timeout=timeout_s)
+    seconds = time.perf_counter() - t0
+    if r.status_code != 200:
+        raise LiveEvalError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
+    out = r.json()
+    ids, meta = out.get("output_ids"), out.get("meta_info") or {}
+    if not isinstance(ids, list):
+        raise LiveEvalError(f"{url}/generate returned no output_ids (is the server run with --skip-tokenizer-init?)")
+    return [int(t) for t in ids], meta, seconds
+
+
+def measure(
+    url: str,
+    prompts: Sequence[Sequence[int]],
+    *,
+    label: Literal["plain", "eagle3"],
+    max_new_tokens: int,
+    timeout_s: float = 600.0,
+    counter: ProgressCounter | None = None,
+) -> tuple[ServerRun, list[list[int]]]:
+    """Warm up, then generate each prompt alone; the server's stats and the generated ids per prompt."""
+    runs, outputs = [], []
+    with httpx.Client() as client:
+        generate_one(client, url, prompts[0], WARMUP_TOKENS, timeout_s)  # first-request costs stay out of the timing
+        for i, prompt in enumerate(prompts):
+            ids, meta, seconds = generate_one(client, url, prompt, max_new_tokens, timeout_s)
+            run = PromptRun(
+                prompt_tokens=int(meta.get("prompt_tokens", len(prompt))),
+                completion_tokens=int(meta.get("completion_tokens", len(ids))),
+                seconds=seconds,
+                verify_passes=meta.get("spec_verify_ct"),
+                correct_drafts=meta.get("spec_num_correct_drafts"),
+                proposed_drafts=meta.get("spec_num_proposed_drafts"),
+            )
+            if label == "eagle3" and run.completion_tokens > 0 and not run.verify_passes:
+                raise LiveEvalError(
+                    f"{url}: prompt {i} came back without meta_info.spec_verify_ct: the server is not speculating "
+                    "(was it launched with --speculative-algorithm EAGLE3?)"
+                )
+            runs.append(run)
+            outputs.append(ids)
+            if counter is not None:
+                counter.add(tokens=run.completion_tokens)
+    return summarize(label, runs), outputs
+
+
+def summarize(label: Literal["plain", "eagle3"], runs: list[PromptRun]) -> ServerRun:
+    tokens, seconds = sum(r.completion_tokens for r in runs), sum(r.seconds for r in runs)
+    verify = sum(r.verify_passes or 0 for r in runs)
+    proposed = sum(r.proposed_drafts or 0 for r in runs)
+    return ServerRun(
+        label=label,
+        completion_tokens=tokens,
+        seconds=seconds,
+        tokens_per_s=tokens / seconds if seconds > 0 else 0.0,
+        accept_length=tokens / verify if verify else None,
+        accept_rate=sum(r.correct_drafts or 0 for r in runs) / proposed if proposed else None,
+        prompts=runs,
+    )
+
+
+# compare -------------------------------------------------------------------------------------------------------------
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(
+    plain: ServerRun, eagle3: ServerRun, plain_out: Sequence[Sequence[int]], eagle3_out: Sequence[Sequence[int]]
+) -> dict[str, Any]:
+    """speed_up, accept_length, mismatches, flag and the one-line summary."""
+    speed_up = eagle3.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
+    diffs = [first_difference(a, b) for a, b in zip(plain_out, eagle3_out, strict=True)]
+    mismatched = sum(d is not None for d in diffs)
+    flag = speed_up < 1.0
+    acc = f"{eagle3.accept_length:.2f}" if eagle3.accept_length is not None else "n/a"
+    line = (
+        f"EAGLE3 {eagle3.tokens_per_s:.1f} tok/s vs plain {plain.tokens_per_s:.1f} tok/s: {speed_up:.2f}x, "
+        f"accept length {acc}, {mismatched}/{len(diffs)} outputs differ"
+    )
+    summary = f"FLAGGED: the draft makes serving SLOWER. {line}" if flag else line
+    return {
+        "speed_up": speed_up,
+        "accept_length": eagle3.accept_length,
+        "mismatched_prompts": mismatched,
+        "first_mismatch": diffs,
+        "flag": flag,
+        "summary": summary,
+    }
+
+
+# serve ---------------------------------------------------------------------------------------------------------------
+def unsupported_reason(error: ServerError) -> str | None:
+    """The log line by which SGLang said it cannot serve EAGLE3 here, when that is why it did not start."""
+    for line in str(error).splitlines():
+        if any(sign in line for sign in UNSUPPORTED_SIGNS):
+            return line.strip()
+    return None
+
+
+def evaluate_live(
+    prompts: Sequence[Sequence[int]],
+    *,
+    draft_dir: Path,
+    model_dir: Path,
+    run_dir: Path,
+    server: ServerConfig,
+    evaluate: EvaluateConfig,
+    base_env: Mapping[str, str],
+    port: int | None = None,
+    progress: ProgressFn = no_progress,
+) -> LiveEvalResult:
+    """Serve the draft with EAGLE3 and the plain target in turn on the same prompts (token ids, chat template
+    applied); write and return the result. Server logs: <run_dir>/eval/server-{eagle3,plain}/sglang.log."""
+    if not prompts:
+        raise LiveEvalError("no prompts to evaluate on")
+    run_dir, draft_dir, model_dir = Path(run_dir), Path(draft_dir), Path(model_dir)
+    if not (draft_dir / "config.json").is_file():
+        raise LiveEvalError(f"{draft_dir}: no config.json; export the draft first (eagle3.export.export_draft)")
+    device = resolve_device(server)
+    spec = speculative_args(evaluate)
+    base: dict[str, Any] = {
+        "device": device,
+        "draft_dir": str(draft_dir),
+        "model_dir": str(model_dir),
+        "num_prompts": len(prompts),
+        "max_new_tokens": evaluate.max_new_tokens,
+        "speculative": spec,
+    }
+    skip = None
+    if evaluate.live == "off":
+        skip = "evaluate.live is off"
+    elif evaluate.live == "auto" and device != "cuda":
+        skip = (
+            f"evaluate.live is auto and the server runs on {device}: SGLang 0.5.23 cannot serve EAGLE3 there "
+            "(no torch_native draft attention backend, no sgl_kernel CPU ops; docs/sglang.md). Set evaluate.live: "
+            "on for a CPU with AMX and SGLang's CPU kernels"
+        )
+    if skip is not None:
+        return _write(
+            run_dir, {**base, "status": "skipped", "reason": skip, "summary": f"live evaluation skipped: {skip}"}
+        )
+
+    counter = ProgressCounter("evaluate-live", total=2 * len(prompts), report=progress)
+
+    def serve(label: Literal["plain", "eagle3"], extra: list[str]) -> tuple[ServerRun, list[list[int]]]:
+        cfg = server.model_copy(update={"url": None, "extra_args": [*server.extra_args, *extra]})
+        launched = SGLangServer(
+            cfg, model_dir, dump_dir=None, layers=None, log_dir=run_dir / "eval" / f"server-{label}",
+            base_env=base_env, port=port,
+        )  # fmt: skip
+        t0 = time.monotonic()
+        with launched:
+            startup = time.monotonic() - t0
+            run, out = measure(
+                launched.url, prompts, label=label, max_new_tokens=evaluate.max_new_tokens,
+                timeout_s=evaluate.request_timeout_s, counter=counter,
+            )  # fmt: skip
+        return run.model_copy(update={"startup_s": startup, "server_args": extra}), out
+
+    try:
+        eagle3, eagle3_out = serve("eagle3", eagle3_cli_args(draft_dir, spec))
+    except ServerError as e:
+        reason = unsupported_reason(e)
+        if reason is None:
+            raise
+        return _write(
+            run_dir,
+            {
+                **base,
+                "status": "unsupported",
+                "reason": reason,
+                "summary": f"SGLang cannot serve EAGLE3 here: {reason}",
+            },
+        )
+    plain, plain_out = serve("plain", [])
+    counter.finish()
+    return _write(
+        run_dir,
+        {**base, "status": "ok", "plain": plain, "eagle3": eagle3, **compare(plain, eagle3, plain_out, eagle3_out)},
+    )
+
+
+def _write(run_dir: Path, fields: dict[str, Any]) -> LiveEvalResult:
+    result = LiveEvalResult.model_validate(fields)
+    atomic_write_json(Path(run_dir) / RESULT_FILE, result.model_dump(mode="json"))
+    return result
