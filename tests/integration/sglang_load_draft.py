@@ -77,7 +77,9 @@ def main() -> None:
     q = torch.randn(64, attn.q_size, generator=g)
     k = torch.randn(64, attn.kv_size, generator=g)
     q_rot, k_rot = attn.rotary_emb(positions, q.clone(), k.clone())
-    tensors.update({"rope.q": q, "rope.k": k, "rope.q_rot": q_rot.reshape(q.shape), "rope.k_rot": k_rot.reshape(k.shape)})
+    tensors.update(
+        {"rope.q": q, "rope.k": k, "rope.q_rot": q_rot.reshape(q.shape), "rope.k_rot": k_rot.reshape(k.shape)}
+    )
 
     # the target: which layers SGLang captures for this draft (dummy weights: only the wiring matters)
     target_cfg = ModelConfig.from_server_args(server_args, model_path=args.target)
@@ -101,7 +103,8 @@ def main() -> None:
     runner = SimpleNamespace(draft_attention_backend=None, model_config=draft_cfg)
     backend_errors = {}
     factory = DraftBackendFactory(runner, topk=1, speculative_num_steps=3)
-    for name, make in (("decode", factory.create_decode_backend), ("draft_extend", factory.create_draft_extend_backend)):
+    makers = {"decode": factory.create_decode_backend, "draft_extend": factory.create_draft_extend_backend}
+    for name, make in makers.items():
         try:
             make()
             backend_errors[name] = None
