@@ -55,11 +55,15 @@ def server_specs(cfg: PipelineConfig, *, host: str, separate_dumps: bool = False
         elif separate:
             dump_dir = Path(slot.dump_dir) if slot.dump_dir else base_dump / name
             log_dir = Path(cfg.run_dir) / "server" / name
-        specs.append(ServerSpec(i, label_of(cfg, slot, host, port), one, dump_dir, log_dir, device_of(cfg, slot)))
+        label = label_of(cfg, slot, host, port)
+        if len(slots) > 1:
+            label = f"#{i} {label}"
+        specs.append(ServerSpec(i, label, one, dump_dir, log_dir, device_of(cfg, slot)))
     return specs
 
 
 def label_of(cfg: PipelineConfig, slot: ServerSlot, host: str, port: int) -> str:
+    """How logs and the shard table name a server: `sglang node-a:30001 (GPUs 4,5)`, `sglang http://b:30000`."""
     gpus = f" (GPUs {slot.gpus})" if slot.gpus is not None else ""
     if cfg.server.engine == "transformers":
         return f"transformers {device_of(cfg, slot)} on {host}"

@@ -1,0 +1,207 @@
+"""Scale-out against a real local Prefect server, with the transformers engine on CPU (8 short chats, 4 shards):
+
+- two servers in one flow run fill the store, each with its own shards, and the store is identical to the one a
+  single server made;
+- two flow runs sharing one run directory (`extract.share_run_dir`) split the shards by lease with no overlap
+  (one is held mid-shard with SIGSTOP, so the split is forced, not left to timing), and the store is identical;
+- a flow run killed while it holds a shard's lease: the other flow run, waiting for that shard, takes the lease
+  over and extracts it; the store is identical.
+
+"Identical" is byte-for-byte (tests/store_compare.py): every sample file (ids, mask, hidden states) and every
+manifest entry. It holds here because each shard is extracted whole by one engine, so the transformers engine
+batches the same samples together as in the single-server run, on the same CPU build and thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from eagle3.config import PipelineConfig, load_config
+from eagle3.lease import lease_path
+from eagle3.lock import read_owner
+from eagle3.store import RunStore
+from tests.store_compare import store_contents
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+CHATS = [
+    ("What is the capital of France?", "Paris."),
+    ("Name a colour of the sky.", "Blue."),
+    ("What is 3 times 4?", "12."),
+    ("Say hello in Spanish.", "Hola."),
+    ("Give one word that rhymes with cat.", "Hat."),
+    ("What do bees make?", "Honey."),
+    ("How many legs has a spider?", "Eight."),
+    ("What is the opposite of hot?", "Cold."),
+]
+SHARDS = [0, 1, 2, 3]
+
+
+def write_config(tmp: Path, run_dir: Path, *overrides: str) -> Path:
+    data = tmp / "chats.jsonl"
+    if not data.exists():
+        data.write_text(
+            "".join(
+                json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n"
+                for q, a in CHATS
+            )
+        )
+    cfg: dict[str, Any] = {
+        "run_dir": str(run_dir),
+        "model": "demo",
+        "data_dir": str(REPO / "data"),
+        "stages": ["prepare", "extract"],
+        "data": {"dataset": str(data), "max_length": 64, "shard_size": 2},
+        "server": {"engine": "transformers", "device": "cpu"},
+        "extract": {"shard_retries": 0},
+    }
+    path = tmp / f"{run_dir.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    if overrides:
+        path.write_text(yaml.safe_dump(load_config(path, list(overrides)).model_dump(mode="json")))
+    return path
+
+
+def prepared_copy(src: Path, dst: Path) -> RunStore:
+    """The reference run directory with its prepared data only: a fresh run of the same dataset."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("shards", "run.json", ".lock*", "leases", "dump", "server"))
+    return RunStore(dst)
+
+
+@pytest.fixture(scope="module")
+def reference(prefect_server: str, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> RunStore:
+    """prepare + extract with one server: the store every scaled-out run must reproduce."""
+    from flows.pipeline import pipeline
+
+    tmp = tmp_path_factory.mktemp("scale-out")
+    state = pipeline(load_config(write_config(tmp, tmp / "one-server")), return_state=True)
+    assert state.is_completed(), state.message
+    store = RunStore(tmp / "one-server")
+    assert [(m.shard, m.status) for m in store.manifests()] == [(s, "complete") for s in SHARDS]
+    return store
+
+
+def test_two_servers_in_one_flow_run_fill_the_run_with_their_own_shards_byte_identical_to_one_server(
+    reference: RunStore, tmp_path: Path
+) -> None:
+    from flows.extract import extract_flow
+
+    store = prepared_copy(reference.root, tmp_path / "two-servers")
+    cfg = load_config(write_config(tmp_path, store.root, "stages=[extract]", "server.servers=[{}, {}]"))
+    state = extract_flow(cfg, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert len(summary.servers) == 2, summary.servers  # both servers extracted shards
+    assert sorted(s for shards in summary.servers.values() for s in shards) == SHARDS  # each shard once
+    assert summary.extracted == SHARDS and summary.by_other_runs == []
+    assert store_contents(store) == store_contents(reference)
+
+
+def start_extract(config_path: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "eagle3.cli", "run", str(config_path), "--stages", "extract"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def stop_when_leasing(proc: subprocess.Popen[str], store: RunStore, shard: int) -> None:
+    """SIGSTOP `proc` as soon as it holds the lease on `shard` (it stays alive, holding the lease)."""
+    path = lease_path(store.root, shard)
+    deadline = time.monotonic() + 300
+    while True:
+        assert proc.poll() is None, f"the flow run ended before it leased shard {shard}:\n{proc.stdout.read()}"  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, f"no lease on shard {shard} within 300 s"
+        try:
+            owner = read_owner(path)
+        except FileNotFoundError:
+            owner = None
+        if owner is not None and owner.pid == proc.pid:
+            os.kill(proc.pid, signal.SIGSTOP)
+            return
+        time.sleep(0.02)
+
+
+def when_complete(store: RunStore, shards: list[int], action: Any) -> threading.Thread:
+    """Run `action` a few seconds after `shards` are complete (the other flow run is then waiting for its lease)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            status = {m.shard: m.status for m in store.manifests()}
+            if all(status.get(s) == "complete" for s in shards):
+                break
+            time.sleep(0.2)
+        time.sleep(3.0)
+        action()
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t
+
+
+def shared_config(tmp_path: Path, store: RunStore) -> tuple[Path, PipelineConfig]:
+    path = write_config(tmp_path, store.root, "stages=[extract]", "extract.share_run_dir=true")
+    return path, load_config(path)
+
+
+def test_two_flow_runs_sharing_a_run_directory_split_the_shards_with_no_overlap_byte_identical(
+    reference: RunStore, tmp_path: Path
+) -> None:
+    from flows.extract import extract_flow
+
+    store = prepared_copy(reference.root, tmp_path / "shared")
+    path, cfg = shared_config(tmp_path, store)
+    first = start_extract(path)
+    try:
+        stop_when_leasing(first, store, 0)  # the first flow run holds shard 0, frozen
+        watcher = when_complete(store, [1, 2, 3], lambda: os.kill(first.pid, signal.SIGCONT))
+        second = extract_flow(cfg, return_state=True)  # takes 1, 2, 3; then waits for 0
+        watcher.join()
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+        out, _ = first.communicate(timeout=600)
+    assert first.returncode == 0, out[-4000:]
+    assert second.is_completed(), second.message
+    summary = second.result()
+    assert summary.extracted == [1, 2, 3] and summary.by_other_runs == [0]
+    assert "extracted here: [0]" in out  # the first flow run's summary log line: only shard 0
+    assert not list((store.root / "leases").glob("*.lease"))  # every lease given back
+    assert store_contents(store) == store_contents(reference)
+
+
+def test_a_killed_flow_runs_lease_is_taken_over_by_the_waiting_flow_run_and_the_store_is_byte_identical(
+    reference: RunStore, tmp_path: Path
+) -> None:
+    from flows.extract import extract_flow
+
+    store = prepared_copy(reference.root, tmp_path / "killed")
+    path, cfg = shared_config(tmp_path, store)
+    first = start_extract(path)
+    try:
+        stop_when_leasing(first, store, 0)
+        watcher = when_complete(store, [1, 2, 3], lambda: os.kill(first.pid, signal.SIGKILL))
+        second = extract_flow(cfg, return_state=True)  # waits for shard 0 until its holder dies, then takes it over
+        watcher.join()
+    finally:
+        first.kill()
+        first.communicate(timeout=60)
+    assert second.is_completed(), second.message
+    summary = second.result()
+    assert summary.extracted == SHARDS and summary.by_other_runs == []
+    assert store_contents(store) == store_contents(reference)
