@@ -99,6 +99,26 @@ def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, tor
     return out
 
 
+#: Train settings a resumed run may change: how long it runs, how it reports, how it reads; anything else
+#: (lr, batch, TTT, vocab, seed, ...) would silently mix two trainings in one draft.
+RESUMABLE_CHANGES = frozenset(
+    {"nproc", "epochs", "max_steps", "checkpoint_every", "log_every", "keep_checkpoints", "loader_threads",
+     "prefetch_batches", "compile", "attention", "target_chunk_tokens"}
+)  # fmt: skip
+
+
+def check_resumable(checkpoint: Path, saved: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint written under different training settings (names both values)."""
+    now = cfg.model_dump(mode="json")
+    changed = {k: (saved[k], now[k]) for k in saved if k in now and k not in RESUMABLE_CHANGES and saved[k] != now[k]}
+    if changed:
+        diff = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
+        raise TrainError(
+            f"{checkpoint}: written with other train settings ({diff}); resuming would mix two trainings. "
+            f"Restore those settings, or move {checkpoint.parent.parent} away to train from scratch"
+        )
+
+
 @dataclass
 class StepOut:
     loss: float
@@ -205,7 +225,9 @@ class Trainer:
         self.checkpoint: Path | None = latest_checkpoint(self.ckpt_dir)
         if self.checkpoint is not None:
             state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
+            check_resumable(self.checkpoint, state.get("config", {}), self.cfg)
             self.step, self.pos = state["step"], DataPosition(**state["data_position"])
+        self.start_step = self.step
         use_flex = c.attention == "flex" or (c.attention == "auto" and device.type == "cuda")
         self.flex = FlexAttend() if use_flex else None
         if c.compile:
@@ -337,6 +359,8 @@ class Trainer:
         hits, labels = v[2 + k : 2 + 2 * k], v[2 + 2 * k :]
         return {
             "step": self.step,
+            "total_steps": self.total_steps,
+            "start_step": self.start_step,
             "epoch": self.pos.epoch,
             "loss": v[0] / n,
             "step_loss": [x / n for x in v[2 : 2 + k]],

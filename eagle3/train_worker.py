@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from eagle3.progress import Progress
 from eagle3.train import Trainer, read_job, resolve_device
+from eagle3.train_launch import die_with_parent
 
 
 def _print_progress(p: Progress) -> None:
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: torchrun --nproc_per_node N -m eagle3.train_worker <job.json>", file=sys.stderr)
         return 2
+    die_with_parent()  # torchrun gives each worker its own session: leave when torchrun does
     job = read_job(Path(args[0]))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))

@@ -1,0 +1,151 @@
+"""The trainer as a child process: torchrun's command line, its environment, its log, its stop.
+
+    job = TrainJob(...); write_job(out / "job.json", job)
+    with TrainProcess(torchrun_command(out / "job.json", nproc=8), log_path=out / "train.log") as proc:
+        for line in proc.lines():          # every line is also appended to train.log
+            ...
+    proc.returncode
+
+torchrun dies with its parent and each worker with torchrun (PR_SET_PDEATHSIG on Linux: torchrun puts
+every worker in a session of its own, so a group signal would not reach them), and `stop()` (or leaving
+the `with` block early) sends SIGTERM, waits, then SIGKILL: a cancelled or crashed flow run never leaves a
+trainer holding GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from eagle3.config import TrainConfig
+from eagle3.draft.checkpoint import latest_checkpoint
+from eagle3.fsio import read_json
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send `sig` to this process when the thread that started it exits (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+
+
+def torchrun_command(job_path: Path, nproc: int, *, python: str = sys.executable) -> list[str]:
+    """One node, `nproc` workers; --standalone picks a free rendezvous port, so two runs never collide.
+    Started through this module's `__main__`, which arms the parent-death signal and execs torchrun."""
+    return [python, "-m", "eagle3.train_launch", python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(nproc), "-m", "eagle3.train_worker", str(job_path)]  # fmt: skip
+
+
+def train_env(nproc: int, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The workers' environment: unbuffered output (or the log arrives at exit), and a CPU thread share
+    per worker (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl)."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    return env
+
+
+class TrainProcess:
+    def __init__(self, cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
+        self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
+        self.proc: subprocess.Popen[str] | None = None
+        self.tail: list[str] = []  # the last lines, for error messages
+
+    def __enter__(self) -> TrainProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,  # its own process group, so stop() can reach it as a group
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def lines(self) -> Iterator[str]:
+        """The merged stdout/stderr, line by line, until the process closes it."""
+        assert self.proc is not None and self.proc.stdout is not None
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            for line in self.proc.stdout:
+                log.write(line)
+                log.flush()
+                self.tail = [*self.tail[-39:], line.rstrip("\n")]
+                yield line.rstrip("\n")
+        self.proc.wait()
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """SIGTERM the group (torchrun forwards it and checkpoints are atomic), then SIGKILL after grace_s."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait_s)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+class MetricsTail:
+    """New records of metrics.jsonl since the last call (complete lines only: the trainer appends)."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset = Path(path), 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All records, keeping the last one of each step (a resumed run rewrites the steps after its checkpoint)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for rec in MetricsTail(path).read():
+        by_step[int(rec["step"])] = rec
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def finished_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:
+    """The latest checkpoint if it is the last step of a training with this length (done), else None."""
+    ckpt = latest_checkpoint(Path(out_dir) / "checkpoints")
+    if ckpt is None:
+        return None
+    state = read_json(ckpt / "state.json")
+    saved = state.get("config", {})
+    same_length = (saved.get("max_steps"), saved.get("epochs")) == (cfg.max_steps, cfg.epochs)
+    return ckpt if same_length and state["step"] >= state["total_steps"] else None
+
+
+if __name__ == "__main__":  # python -m eagle3.train_launch CMD...: exec CMD, dying with our parent
+    die_with_parent()
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        sys.exit(1)
+    os.execvp(sys.argv[1], sys.argv[1:])

@@ -1,0 +1,180 @@
+"""train: torchrun as a child process (eagle3.train_launch) while holding the `gpu` concurrency limit.
+
+Its log streams into the task's log (and `<run_dir>/train/train.log`); metrics.jsonl feeds the progress
+artifact (steps, tok/s, ETA) as they come, and every `TABLE_EVERY_S` plus at the end the per-TTT-step table
+and the curves (a PNG, on disk and inline). Cancelling the flow run stops the trainer (SIGTERM, then SIGKILL);
+the next run resumes from the last atomic checkpoint. A finished training is not launched again.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.concurrency.sync import concurrency
+from pydantic import BaseModel
+
+from eagle3.config import PipelineConfig
+from eagle3.fsio import read_json
+from eagle3.progress import Progress
+from eagle3.train import TrainJob, write_job
+from eagle3.train_launch import (
+    MetricsTail,
+    TrainProcess,
+    finished_checkpoint,
+    read_metrics,
+    torchrun_command,
+    train_env,
+)
+from eagle3.train_plot import ttt_table, write_curves
+from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
+
+GPU_LIMIT = "gpu"  # the global concurrency limit deploy/deployments.py sizes to the node
+TABLE_EVERY_S = 120.0
+
+
+class TrainFailedError(RuntimeError):
+    """torchrun exited non-zero; the message carries the end of the log and where the whole log is."""
+
+
+class TrainSummary(BaseModel):
+    out_dir: str
+    checkpoint: str
+    step: int
+    total_steps: int
+    launched: bool  # False: the training was already finished
+    last_metrics: dict[str, Any]
+
+
+def train_dir(config: PipelineConfig) -> Path:
+    return Path(config.run_dir) / "train"
+
+
+def check_inputs(config: PipelineConfig) -> None:
+    run = Path(config.run_dir)
+    for name in ("run.json", "vocab_map.safetensors", "index.arrow"):
+        if not (run / name).is_file():
+            raise FileNotFoundError(
+                f"{run / name} is missing: train reads the store and what convert builds; run the stages "
+                "extract and convert first (stages: [..., extract, convert, train])"
+            )
+
+
+class TrainReporter:
+    """metrics.jsonl -> the progress artifact, and (throttled) the TTT table and the curves."""
+
+    def __init__(self, config: PipelineConfig, out: Path, logger: Any):
+        self.config, self.out, self.logger = config, out, logger
+        self.progress = TaskProgress(logger, "train", key=run_key(config.run_dir, "train-progress"), unit="steps")
+        self.tail = MetricsTail(out / "metrics.jsonl")
+        self.t0 = time.monotonic()
+        self.tokens = 0
+        self.last: dict[str, Any] = {}
+        self.last_table = time.monotonic()
+
+    def poll(self) -> None:
+        for rec in self.tail.read():
+            if not self.last:  # time from the start of the first window, not from the launch (imports, loading)
+                self.t0 = time.monotonic() - rec["tokens"] / max(rec["tokens_per_s"], 1e-9)
+            self.last = rec
+            self.tokens += rec["tokens"]
+            elapsed = time.monotonic() - self.t0
+            skipped = rec.get("start_step", 0)
+            self.progress(Progress("train", rec["step"], rec["total_steps"], self.tokens, elapsed, skipped=skipped))
+        if self.last and time.monotonic() - self.last_table >= TABLE_EVERY_S:
+            self.publish()
+
+    def publish(self) -> None:
+        """The TTT table of the latest record and the curves so far (new versions of the same keys)."""
+        self.last_table = time.monotonic()
+        records = read_metrics(self.out / "metrics.jsonl")
+        if not records:
+            return
+        last = records[-1]
+        try:
+            table_artifact(
+                run_key(self.config.run_dir, "train-metrics"),
+                ttt_table(last),
+                f"Step {last['step']}/{last['total_steps']}: loss {last['loss']:.4f}, "
+                f"{last['tokens_per_s']:.0f} tok/s, data wait {100 * last['data_wait_frac']:.1f}% of step time",
+            )
+            png = write_curves(records, self.out / "curves.png")
+            markdown_artifact(
+                run_key(self.config.run_dir, "train-curves"),
+                f"![training curves](data:image/png;base64,{base64.b64encode(png).decode()})\n\n"
+                f"`{(self.out / 'curves.png').resolve()}`; TensorBoard: `tensorboard --logdir {self.out / 'tb'}`",
+                f"Training curves to step {last['step']}",
+            )
+        except Exception as e:  # a view of the training; never fail it
+            self.logger.warning("train artifacts: %s", e)
+
+
+def hold_gpus(nproc: int) -> Any:
+    """The `gpu` limit's slots for the run's processes; clear error when the node's limit is smaller."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        try:
+            size = client.read_global_concurrency_limit_by_name(GPU_LIMIT).limit
+        except Exception:  # no such limit (a bare local server): nothing to hold
+            size = None
+    if size is not None and nproc > size:
+        raise ValueError(
+            f"train.nproc={nproc} but the global concurrency limit {GPU_LIMIT!r} has {size} slots, so the run "
+            f"would wait forever; lower train.nproc or raise the limit (`python deploy/deployments.py apply "
+            f"--gpus {nproc}`)"
+        )
+    return concurrency(GPU_LIMIT, occupy=nproc, strict=False)
+
+
+@task(name="train", retries=0, cache_policy=NO_CACHE)
+def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
+    """Train the draft under torchrun (train.nproc processes) on `config.server.device`, resuming if stopped."""
+    logger = get_run_logger()
+    out = train_dir(config)
+    reporter = TrainReporter(config, out, logger)
+    done = finished_checkpoint(out, config.train)
+    if done is not None:
+        logger.info("train: already finished (%s); nothing to do", done)
+        reporter.poll()
+        reporter.publish()
+        return summary(out, done, launched=False, last=reporter.last)
+    check_inputs(config)
+    job = TrainJob(
+        train=config.train, run_dir=config.run_dir, model_dir=model_dir, out_dir=str(out), device=config.server.device
+    )
+    write_job(out / "job.json", job)
+    nproc = config.train.nproc
+    cmd = torchrun_command(out / "job.json", nproc)
+    logger.info("train: %s (log: %s)", " ".join(cmd), out / "train.log")
+    with hold_gpus(nproc), TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc)) as proc:
+        for line in proc.lines():
+            if line.strip() and not line.startswith('{"result"'):
+                logger.info("%s", line)
+            reporter.poll()
+        code = proc.returncode
+    reporter.poll()
+    reporter.publish()
+    if code != 0:
+        tail = "\n".join(proc.tail[-15:])
+        raise TrainFailedError(f"torchrun exited with {code}; whole log: {out / 'train.log'}; last lines:\n{tail}")
+    ckpt = finished_checkpoint(out, config.train)
+    if ckpt is None:
+        raise TrainFailedError(f"torchrun exited 0 but {out / 'checkpoints'} holds no final checkpoint")
+    return summary(out, ckpt, launched=True, last=reporter.last)
+
+
+def summary(out: Path, ckpt: Path, *, launched: bool, last: dict[str, Any]) -> TrainSummary:
+    state = read_json(ckpt / "state.json")
+    return TrainSummary(
+        out_dir=str(out),
+        checkpoint=str(ckpt),
+        step=state["step"],
+        total_steps=state["total_steps"],
+        launched=launched,
+        last_metrics=last,
+    )
