@@ -214,6 +214,33 @@ def compare(
 
 
 # serve ---------------------------------------------------------------------------------------------------------------
+def serve_and_measure(
+    server: ServerConfig,
+    model_dir: Path,
+    extra_args: list[str],
+    prompts: Sequence[Sequence[int]],
+    *,
+    label: Literal["plain", "eagle3"],
+    evaluate: EvaluateConfig,
+    log_dir: Path,
+    base_env: Mapping[str, str],
+    port: int | None = None,
+    counter: ProgressCounter | None = None,
+) -> tuple[ServerRun, list[list[int]]]:
+    """Launch SGLang (server section + extra_args), measure the prompts, stop it. Raises ServerError if it
+    does not start (the message quotes its log)."""
+    cfg = server.model_copy(update={"url": None, "extra_args": [*server.extra_args, *extra_args]})
+    launched = SGLangServer(cfg, model_dir, dump_dir=None, layers=None, log_dir=log_dir, base_env=base_env, port=port)
+    t0 = time.monotonic()
+    with launched:
+        startup = time.monotonic() - t0
+        run, out = measure(
+            launched.url, prompts, label=label, max_new_tokens=evaluate.max_new_tokens,
+            timeout_s=evaluate.request_timeout_s, counter=counter,
+        )  # fmt: skip
+    return run.model_copy(update={"startup_s": startup, "server_args": extra_args}), out
+
+
 def unsupported_reason(error: ServerError) -> str | None:
     """The log line by which SGLang said it cannot serve EAGLE3 here, when that is why it did not start."""
     for line in str(error).splitlines():
@@ -268,19 +295,10 @@ def evaluate_live(
     counter = ProgressCounter("evaluate-live", total=2 * len(prompts), report=progress)
 
     def serve(label: Literal["plain", "eagle3"], extra: list[str]) -> tuple[ServerRun, list[list[int]]]:
-        cfg = server.model_copy(update={"url": None, "extra_args": [*server.extra_args, *extra]})
-        launched = SGLangServer(
-            cfg, model_dir, dump_dir=None, layers=None, log_dir=run_dir / "eval" / f"server-{label}",
-            base_env=base_env, port=port,
+        return serve_and_measure(
+            server, model_dir, extra, prompts, label=label, evaluate=evaluate,
+            log_dir=run_dir / "eval" / f"server-{label}", base_env=base_env, port=port, counter=counter,
         )  # fmt: skip
-        t0 = time.monotonic()
-        with launched:
-            startup = time.monotonic() - t0
-            run, out = measure(
-                launched.url, prompts, label=label, max_new_tokens=evaluate.max_new_tokens,
-                timeout_s=evaluate.request_timeout_s, counter=counter,
-            )  # fmt: skip
-        return run.model_copy(update={"startup_s": startup, "server_args": extra}), out
 
     try:
         eagle3, eagle3_out = serve("eagle3", eagle3_cli_args(draft_dir, spec))
