@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import State
 
 from eagle3.config import PipelineConfig, Stage
 from flows.extract import extract_flow
 from tasks.artifacts import run_summary_task
 from tasks.convert import convert_task
+from tasks.evaluate import evaluate_task, evaluation_outcome
+from tasks.export import export_task
 from tasks.model import resolve_model_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
+from tasks.train import train_task
 
-#: Stages this flow runs; the rest of eagle3.config.STAGES (train, export, evaluate) are not built yet.
-WIRED_STAGES = ("prepare", "synthesize", "extract", "convert")
+#: Stages this flow runs (all of eagle3.config.STAGES).
+WIRED_STAGES = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
 
 
 def require_wired(stages: list[Stage]) -> None:
@@ -26,11 +30,12 @@ def require_wired(stages: list[Stage]) -> None:
 
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
-def pipeline(config: PipelineConfig) -> str:
-    """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► [convert] ─► run summary
+def pipeline(config: PipelineConfig) -> str | State:
+    """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─► evaluate ─► summary
 
     Runs the stages listed in `config.stages`; returns the run directory (the store). The last artifact,
-    `<run>-run-summary`, says what the run left where and links the stages' artifacts.
+    `<run>-run-summary`, says what the run left where and links the stages' artifacts. Ends Failed when the
+    live evaluation finds the draft slower than the plain target.
     """
     require_wired(config.stages)
     model_dir = resolve_model_task(config)
@@ -42,5 +47,10 @@ def pipeline(config: PipelineConfig) -> str:
         extract_flow(config)
     if "convert" in config.stages:
         convert_task(config)
+    if "train" in config.stages:
+        train_task(config, model_dir)
+    if "export" in config.stages:
+        export_task(config, model_dir)
+    evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
     run_summary_task(config)
-    return config.run_dir
+    return evaluation_outcome(evaluation) or config.run_dir

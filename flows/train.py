@@ -7,19 +7,26 @@ The pipeline flow runs the same tasks after extract and convert; this flow is th
 from __future__ import annotations
 
 from prefect import flow
+from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from tasks.artifacts import run_summary_task
+from tasks.evaluate import evaluate_task, evaluation_outcome
+from tasks.export import export_task
 from tasks.model import resolve_model_task
 from tasks.train import train_task
 
 
 @flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
-def train_flow(config: PipelineConfig) -> str:
+def train_flow(config: PipelineConfig) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
-    stages listed in `config.stages` (any others are ignored here). Returns the draft's directory."""
+    stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
+    live evaluation finds the draft slower than the plain target."""
     model_dir = resolve_model_task(config)
     if "train" in config.stages:
         train_task(config, model_dir)
+    if "export" in config.stages:
+        export_task(config, model_dir)
+    evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
     run_summary_task(config)
-    return config.run_dir
+    return evaluation_outcome(evaluation) or config.run_dir

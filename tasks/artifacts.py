@@ -219,8 +219,10 @@ STAGE_ARTIFACTS = {
     "synthesize": ["synthesize-progress"],
     "extract": ["extract-progress", "extract-shards", "extract-failed-shards", "extract-summary"],
     "convert": ["convert-progress"],
+    "train": ["train-progress", "train-metrics", "train-curves"],
+    "export": ["export"],
+    "evaluate": ["evaluate-progress", "evaluation"],
 }
-NOT_BUILT = "not built by this version (the train, export and evaluate stages are not wired into the pipeline)"
 
 
 def ui_link(key: str) -> str:
@@ -272,7 +274,40 @@ def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str
                 f"{float(c.get('coverage', 0.0)):.3f}), index `{c.get('index_path')}`",
             )
         )
-    rows += [("draft", NOT_BUILT), ("evaluation", NOT_BUILT)]
+    return rows + draft_rows(root)
+
+
+def draft_rows(root: Path) -> list[tuple[str, str]]:
+    """Training, export and evaluation rows, from train/, draft/export.json and eval/*.json."""
+    rows = []
+    latest = root / "train" / "checkpoints" / "latest.json"
+    if latest.exists():
+        ckpt = json.loads(latest.read_text())
+        rows.append(("training", f"checkpoint `{root / 'train' / 'checkpoints' / ckpt['dir']}` (step {ckpt['step']})"))
+    export = root / "draft" / "export.json"
+    if export.exists():
+        e = json.loads(export.read_text())
+        rows.append(
+            (
+                "draft",
+                f"`{e['out_dir']}` from step {e.get('checkpoint_step')}: serve with `{' '.join(e['sglang_args'])}`",
+            )
+        )
+    offline = root / "eval" / "offline.json"
+    if offline.exists():
+        o = json.loads(offline.read_text())
+        rows.append(
+            (
+                "acceptance (offline)",
+                f"{o['acceptance_length']:.3f} tokens per verify round, {o['steps']}-token chain, "
+                f"{o['num_prompts']} held-out prompts; {o['label']} speed-up {o['speedup']:.2f}x",
+            )
+        )
+    live = root / "eval" / "live.json"
+    if live.exists():
+        lv = json.loads(live.read_text())
+        text = lv["summary"]
+        rows.append(("speed (live SGLang)", f"**{text}**" if lv.get("flag") else text))
     return rows
 
 

@@ -1,0 +1,92 @@
+"""evaluate: offline acceptance (transformers target, exact greedy) and, where SGLang can serve EAGLE3, the live
+speed against the plain server. A live speed-up below 1.0 fails the flow run: such a draft slows serving down."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed, State
+from pydantic import BaseModel
+
+from eagle3.chat import ChatTokenizer
+from eagle3.config import PipelineConfig
+from eagle3.evaluate.live import LiveEvalResult, evaluate_live
+from eagle3.evaluate.offline import OfflineEvalResult, load_eval_prompts, offline_acceptance, write_offline_result
+from eagle3.export import default_export_dir
+from tasks.artifacts import TaskProgress, markdown_artifact, run_key
+
+EVALUATE_TIMEOUT_S = 6 * 3600
+
+
+class EvalSummary(BaseModel):
+    offline: OfflineEvalResult
+    live: LiveEvalResult
+
+    @property
+    def flagged(self) -> bool:
+        return self.live.flag
+
+
+def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
+    off, live = s.offline, s.live
+    rates = ", ".join(f"{p.rate:.2f}" if p.rate is not None else "-" for p in off.positions)
+    lines = [
+        f"# Evaluation of `{default_export_dir(Path(config.run_dir)).resolve()}`",
+        "",
+        f"{off.num_prompts} held-out prompts (`{config.evaluate.dataset}`), {off.max_new_tokens} new tokens, "
+        f"greedy, {off.steps}-token chain.",
+        "",
+        "| | acceptance length | per-position acceptance | tokens/s draft vs plain | speed-up |",
+        "|---|---:|---|---:|---:|",
+        f"| offline ({off.label}) | {off.acceptance_length:.3f} | {rates} | "
+        f"{off.speculative_tokens_per_s:.1f} vs {off.greedy_tokens_per_s:.1f} | {off.speedup:.2f}x |",
+    ]
+    if live.status == "ok" and live.eagle3 is not None and live.plain is not None:
+        lines.append(
+            f"| live (SGLang, {live.device}) | {live.accept_length or 0:.3f} | | "
+            f"{live.eagle3.tokens_per_s:.1f} vs {live.plain.tokens_per_s:.1f} | {live.speed_up or 0:.2f}x |"
+        )
+    lines += ["", f"**Live:** {live.summary}" if live.status == "ok" else f"Live: {live.summary}"]
+    if off.identical_to_greedy != off.num_prompts:
+        lines.append(f"\nOffline outputs differing from plain greedy decoding: prompts {off.mismatched_prompts}.")
+    if s.flagged:
+        lines.insert(0, "> **FLAGGED: this draft makes serving slower than the plain target. Do not deploy it.**\n")
+    return "\n".join(lines)
+
+
+@task(name="evaluate", retries=0, timeout_seconds=EVALUATE_TIMEOUT_S, cache_policy=NO_CACHE)
+def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
+    """Held-out prompts -> offline acceptance (eval/offline.json) and live speed (eval/live.json)."""
+    logger = get_run_logger()
+    run_dir, model = Path(config.run_dir), Path(model_dir)
+    ev = config.evaluate
+    prompts = load_eval_prompts(Path(ev.dataset), ChatTokenizer.from_model_dir(model), limit=ev.num_prompts)
+    report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
+    offline = offline_acceptance(
+        model, run_dir / "train", run_dir, prompts, steps=ev.draft_steps, max_new_tokens=ev.max_new_tokens,
+        device=config.server.device, dtype=config.server.dtype, progress=report,
+    )  # fmt: skip
+    write_offline_result(run_dir, offline)
+    logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)
+    live = evaluate_live(
+        prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
+        evaluate=ev, base_env=dict(os.environ),
+    )  # fmt: skip
+    (logger.error if live.flag else logger.info)("evaluate: %s", live.summary)
+    summary = EvalSummary(offline=offline, live=live)
+    markdown_artifact(
+        run_key(config.run_dir, "evaluation"),
+        evaluation_markdown(config, summary),
+        f"acceptance {offline.acceptance_length:.2f} offline" + (" - FLAGGED" if live.flag else ""),
+    )
+    return summary
+
+
+def evaluation_outcome(summary: EvalSummary | None) -> State | None:
+    """Failed when the live speed-up is below 1.0 (the flow run's final state), else None."""
+    if summary is not None and summary.flagged:
+        return Failed(message=f"the draft makes serving slower: {summary.live.summary}")
+    return None
