@@ -50,9 +50,20 @@ def status_dir(dump_dir: Path) -> Path:
     return Path(dump_dir) / STATUS_DIR
 
 
-def make_rid(run_id: str, sample_id: str) -> str:
-    """The request id of one sample of one run: "e3-<run id>-<sample id>", file-name safe."""
-    return safe_name(f"{RID_PREFIX}{run_id}-{sample_id}")
+def make_rid(run_id: str, sample_id: str, attempt: int = 0) -> str:
+    """The request id of one attempt at one sample of one run, file-name safe:
+
+        e3-<run id>-<sample id>            the first attempt
+        e3-<run id>.<attempt>-<sample id>  a resend (attempt >= 1, after a timeout or a dead server)
+
+    Every attempt has its own rid, so a timed-out attempt that the server still finishes later writes its
+    dump (or error file) under its own name: never adopted in place of the resend's, never a refused
+    duplicate in-flight rid. Within one run id the names are distinct (the character after the run id is
+    '-' or '.'), and one attempt's rid is never a prefix of another attempt's (SGLang aborts by rid prefix)."""
+    if attempt < 0:
+        raise ValueError(f"attempt {attempt} < 0")
+    run = f"{run_id}.{attempt}" if attempt else run_id
+    return safe_name(f"{RID_PREFIX}{run}-{sample_id}")
 
 
 @dataclass(frozen=True)

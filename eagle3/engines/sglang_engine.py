@@ -12,6 +12,14 @@ For each sample (at most `extract.window` in flight; 1 = the case study's synchr
 
 Dumps are keyed by rid = "e3-<run id>-<sample id>", so a window > 1 cannot mix samples up. A dead
 server is restarted (at most server.max_restarts times, eagle3/server.py) and the sample retried.
+
+Every attempt at a sample has its own rid (a resend is "e3-<run id>.<attempt>-<sample id>",
+dump_protocol.make_rid). A timed-out request is aborted, but the server may still finish it (a hung
+scheduler resumes, the abort arrives after the forward): its late dump or error file then lands under the
+abandoned rid, so it is never adopted in place of the resend's dump, never adopted twice, and SGLang never
+refuses the resend as a duplicate in-flight rid. The files of abandoned rids are deleted when the attempt is
+given up, again when `extract` returns, and finally in `close` after the server stopped (nothing can arrive
+later from a launched server; an attached one could still write one after that).
 """
 
 from __future__ import annotations
@@ -40,6 +48,9 @@ from eagle3.sample_format import SampleFormatError, check_header
 from eagle3.server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
 from eagle3.store import DTYPES, PreparedSample
+
+log = logging.getLogger("eagle3.sglang")
+LIVENESS_EVERY_S = 1.0  # while waiting for a dump, how often to check that a launched server still runs
 
 
 class _Retry(Exception):
@@ -106,14 +117,24 @@ class SGLangEngine:
         self._restart_lock = threading.Lock()
         self._generation = 0  # bumped by every restart, so concurrent failures restart once
         self._http: httpx.Client | None = None
+        self.resent = 0  # attempts sent again after a timeout, an HTTP error or a dead server
+        self._abandoned: set[str] = set()  # rids given up on: late files may still arrive under them
+        self._lock = threading.Lock()  # resent, _abandoned (window > 1 runs _one in threads)
 
     # Engine protocol ------------------------------------------------------------------------
     def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
         if not samples:
             return
         self._ensure_started()
-        for s in samples:
-            self._clean(self.rid(s))
+        for s in samples:  # leftovers of a killed earlier process, any attempt
+            for attempt in range(self.cfg.extract.request_retries + 1):
+                self._clean(self.rid(s, attempt))
+        try:
+            yield from self._extract(samples)
+        finally:
+            self._sweep()
+
+    def _extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
         window = max(1, self.cfg.extract.window)
         if window == 1:
             for s in samples:
@@ -135,31 +156,48 @@ class SGLangEngine:
         if self._owns_server:
             self.server.stop()
         self._started = False
+        self._sweep()  # after stop: a launched server cannot write a late file any more
+        if self._owns_server:
+            with self._lock:
+                self._abandoned.clear()
         remove_stale_temps(self.dump_dir)
 
     # one sample -----------------------------------------------------------------------------
-    def rid(self, sample: PreparedSample) -> str:
-        return proto.make_rid(self.run_id, sample.sample_id)
+    def rid(self, sample: PreparedSample, attempt: int = 0) -> str:
+        return proto.make_rid(self.run_id, sample.sample_id, attempt)
 
     def _one(self, sample: PreparedSample) -> Outcome:
-        rid = self.rid(sample)
         retries = self.cfg.extract.request_retries
         last = "not attempted"
         for attempt in range(retries + 1):
+            rid = self.rid(sample, attempt)
             if attempt:
-                time.sleep(min(30.0, 2.0 ** (attempt - 1)))
+                delay = min(30.0, 2.0 ** (attempt - 1))
+                with self._lock:
+                    self.resent += 1
+                log.warning(
+                    "sample %s: %s; sending it again in %.0f s as rid %s (attempt %d of %d, extract.request_retries)",
+                    sample.sample_id, last, delay, rid, attempt + 1, retries + 1,
+                )  # fmt: skip
+                time.sleep(delay)
             generation = self._generation
             try:
-                return self._attempt(sample, rid)
+                outcome = self._attempt(sample, rid)
             except _Retry as e:
                 last = str(e)
-                self._clean(rid)
+                self._abandon(rid)
                 try:
                     self._recover(generation, last)
                 except ServerError as fatal:
                     return Failed(sample, f"rid {rid}: {last}; server not recoverable: {fatal}")
+                continue
+            if not isinstance(outcome, Dumped):
+                self._abandon(rid)  # the server may still write a dump for it
+            return outcome
         return Failed(
-            sample, f"rid {rid}: gave up after {retries + 1} attempts (extract.request_retries); last: {last}"
+            sample,
+            f"rid {self.rid(sample, retries)}: gave up after {retries + 1} attempts (extract.request_retries); "
+            f"last: {last}",
         )
 
     def _attempt(self, sample: PreparedSample, rid: str) -> Outcome:
@@ -202,13 +240,19 @@ class SGLangEngine:
     def _collect(self, sample: PreparedSample, rid: str) -> Outcome:
         path = proto.dump_path(self.dump_dir, rid)
         deadline = time.monotonic() + self.dump_timeout_s
+        next_liveness = time.monotonic() + LIVENESS_EVERY_S
         delay = 0.005
         while not path.exists():
             reason = proto.read_error(self.dump_dir, rid)
             if reason is not None:
                 self._clean(rid)
                 return Failed(sample, f"rid {rid}: the hook could not dump it: {reason}")
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > next_liveness and not self.server.attached:  # (an attached server's check is a request)
+                next_liveness = now + LIVENESS_EVERY_S
+                if not self.server.is_alive() and not path.exists():
+                    raise _Retry("the server died before the dump was written")
+            if now > deadline:
                 if not self.server.is_alive():
                     raise _Retry("the server died before the dump was written")
                 self._clean(rid)
@@ -279,6 +323,20 @@ class SGLangEngine:
     def _clean(self, rid: str) -> None:
         for p in (proto.dump_path, proto.error_path, proto.request_path):
             p(self.dump_dir, rid).unlink(missing_ok=True)
+
+    def _abandon(self, rid: str) -> None:
+        """Give up on one attempt: delete its files now, and remember the rid so that a late dump or error
+        file the server writes for it afterwards is deleted too (`_sweep`). Its rid is never sent again."""
+        self._clean(rid)
+        with self._lock:
+            self._abandoned.add(rid)
+
+    def _sweep(self) -> None:
+        """Delete whatever arrived late for abandoned rids."""
+        with self._lock:
+            rids = list(self._abandoned)
+        for rid in rids:
+            self._clean(rid)
 
 
 def _take(it: Iterator[PreparedSample], n: int) -> list[PreparedSample]:
