@@ -4,6 +4,7 @@
     extract_shard  adopt finished files, run the engine on the rest, write through a bounded
                    background writer, keep the shard manifest current
     shard_is_complete  cheap check a caller can make before building (loading) an engine
+    samples_on_disk    how many samples of some shards have a file now (progress of a run others write)
 
 The sample files are the truth: each is written atomically, so a process killed at any moment
 leaves only complete files, and a re-run redoes only the samples that were in flight.
@@ -392,3 +393,16 @@ def adopt_dump(store: RunStore, shard: int, info: RunInfo, d: Dumped, guard: Wri
         guard(rec.num_bytes)  # a copy when the dump directory is another filesystem; a rename otherwise
     move_into(d.path, store.sample_path(shard, s.sample_id))
     return Written(s, SampleEntry(num_tokens=rec.num_tokens, num_bytes=rec.num_bytes, crc32=rec.crc32))
+
+
+def samples_on_disk(store: RunStore, shards: list[int]) -> int:
+    """Samples of `shards` that have a file in the store now (complete shards counted from their manifest): a cheap
+    progress view of a run that other processes are writing (a directory listing per unfinished shard)."""
+    done = 0
+    for shard in shards:
+        m = store.read_manifest(shard)
+        if m is not None and m.status == "complete":
+            done += len(m.samples)
+        elif store.shard_dir(shard).is_dir():
+            done += sum(1 for _ in store.shard_dir(shard).glob("*.safetensors"))
+    return done

@@ -205,3 +205,78 @@ def test_a_killed_flow_runs_lease_is_taken_over_by_the_waiting_flow_run_and_the_
     summary = second.result()
     assert summary.extracted == SHARDS and summary.by_other_runs == []
     assert store_contents(store) == store_contents(reference)
+
+
+def deployments_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def start_worker(pool: str, queue: str) -> subprocess.Popen[bytes]:
+    argv = ["worker", "start", "--pool", pool, "--work-queue", queue, "--type", "process", "--name", f"w-{queue}"]
+    return subprocess.Popen(
+        [sys.executable, "-m", "prefect", *argv],
+        cwd=REPO,
+        env={**os.environ, "PREFECT_WORKER_QUERY_SECONDS": "2"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its own process group: the flow runs it starts go with it
+    )
+
+
+@pytest.fixture
+def two_node_workers(prefect_server: str) -> Any:
+    """The documented multi-node set-up on one machine: a process pool with the `extract-node` deployment and one
+    worker per "node", each on its own work queue (node-a, node-b)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkQueueCreate
+
+    d = deployments_module()
+    pool = "scale-out-test"
+    with get_client(sync_client=True) as client:
+        d.ensure_work_pool(client, pool, 30)
+        for queue in ("node-a", "node-b"):
+            client.create_work_queue(**WorkQueueCreate(name=queue).model_dump(exclude_unset=True), work_pool_name=pool)
+        spec = next(e for e in d.load_spec()["deployments"] if e["name"] == "extract-node")
+        d.apply_deployment(client, {**spec, "work_pool": {"name": pool}}, REPO)
+    workers = [start_worker(pool, queue) for queue in ("node-a", "node-b")]
+    try:
+        yield pool
+    finally:
+        for w in workers:  # the worker and the flow runs it started (its session)
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait(timeout=30)
+
+
+def test_the_fanout_flow_runs_one_child_per_node_queue_and_they_fill_the_run_byte_identical(
+    reference: RunStore, tmp_path: Path, two_node_workers: str
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from flows.extract_fanout import extract_fanout_flow
+
+    store = prepared_copy(reference.root, tmp_path / "fanout")
+    cfg = load_config(write_config(tmp_path, store.root, "stages=[extract]"))
+    state = extract_fanout_flow(cfg, work_queues=["node-a", "node-b"], poll_s=2.0, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert [(c.work_queue, c.state) for c in summary.children] == [("node-a", "Completed"), ("node-b", "Completed")]
+    extracted = [s for c in summary.children for s in c.extracted]
+    assert sorted(extracted) == SHARDS  # every shard by exactly one child
+    assert summary.complete == SHARDS and summary.samples == summary.expected == len(CHATS)
+    assert store_contents(store) == store_contents(reference)
+    with get_client(sync_client=True) as client:
+        (progress,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["fanout-extract-fanout-progress"])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
+    assert float(progress.data) == 100.0 and f"{len(CHATS)}/{len(CHATS)} samples" in (progress.description or "")

@@ -39,7 +39,8 @@ def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> N
         params = d.full_parameters(flow.fn, entry.get("parameters"), entry["name"])
         if "config" in params:
             assert params["config"]["data"]["shard_size"] > 0  # written out in full for the UI form
-        assert entry["concurrency_limit"]["limit"] == 1
+        # extract-node runs once per node at the same time (its runs share a run directory by lease)
+        assert entry["concurrency_limit"]["limit"] == (64 if entry["name"] == "extract-node" else 1)
         for s in entry.get("schedules") or []:
             schedule = d.schedule_of(s, flow.fn, entry["name"], None)
             assert not schedule.active
@@ -47,6 +48,8 @@ def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> N
         "eagle3-pipeline/pipeline",
         "eagle3-pipeline/convert",
         "extract/extract",
+        "extract/extract-node",
+        "extract-fanout/extract-fanout",
         "retry-failed/retry-failed",
         "verify/verify",
     }

@@ -41,6 +41,8 @@ DEPLOYMENTS = {
     "eagle3-pipeline/pipeline",
     "eagle3-pipeline/convert",
     "extract/extract",
+    "extract/extract-node",
+    "extract-fanout/extract-fanout",
     "retry-failed/retry-failed",
     "verify/verify",
 }
@@ -87,7 +89,8 @@ def test_make_serve_registers_the_pool_limits_deployments_schedule_and_automatio
         assert set(deployments) == DEPLOYMENTS
         for name, d in deployments.items():
             assert d.work_pool_name == "eagle3-gpu", name
-            assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == 1, name
+            limit = 64 if name == "extract/extract-node" else 1  # extract-node: one run per node at once
+            assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == limit, name
             assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}], name
         pipeline = deployments["eagle3-pipeline/pipeline"]
         assert pipeline.entrypoint == "flows/pipeline.py:pipeline"

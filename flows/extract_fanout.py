@@ -1,0 +1,39 @@
+"""The fan-out flow: one run directory extracted by several nodes at once, one child extract flow run per node."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.states import State
+
+from eagle3.config import PipelineConfig
+from tasks.extract_fanout import (
+    FanoutSummary,
+    fanout_outcome,
+    launch_children_task,
+    report_fanout_task,
+    watch_children_task,
+)
+
+NODE_DEPLOYMENT = "extract/extract-node"
+
+
+@flow(name="extract-fanout", flow_run_name="extract-fanout {config.run_dir}", validate_parameters=True)
+def extract_fanout_flow(
+    config: PipelineConfig,
+    work_queues: list[str] | None = None,
+    nodes: int = 2,
+    deployment: str = NODE_DEPLOYMENT,
+    poll_s: float = 10.0,
+) -> FanoutSummary | State:
+    """start one child flow run of `deployment` per node ─► watch: one progress/ETA over the store ─► wait for every
+    child ─► table of children and the shards each extracted ─► Failed if a child failed or a shard is not complete
+
+    `work_queues`: one child per queue; start each node's worker with `--work-queue <its queue>` so every node
+    runs exactly one child. Without it, `nodes` children go to the deployment's queue (any worker may take
+    several). The children share the run directory (`extract.share_run_dir`) and split its shards by lease.
+    Prepare must have run.
+    """
+    queues: list[str | None] = list(work_queues) if work_queues else [None] * nodes
+    children = launch_children_task(config, deployment, queues)
+    watch_children_task(config, children, poll_s)
+    return fanout_outcome(report_fanout_task(config, children))
