@@ -10,8 +10,9 @@
 # Worker: log $PREFECT_HOME/worker.log, pid $PREFECT_HOME/worker.pid. Environment: what prefect_server.sh
 # reads (PREFECT_HOME, PREFECT_SERVER_HOST, PREFECT_SERVER_PORT), PREFECT_API_URL (`worker` only; default:
 # the local server),
-# EAGLE3_POOL (eagle3-gpu), EAGLE3_WORKER_NAME (<host>-<pool>), EAGLE3_GPUS (size of the `gpu` limit; default:
-# nvidia-smi), EAGLE3_HEARTBEAT_S (30), EAGLE3_CRASH_AFTER_S (150).
+# EAGLE3_POOL (eagle3-gpu), EAGLE3_WORKER_NAME (<host>-<pool>), EAGLE3_WORK_QUEUE (pull only this queue of the
+# pool: one per node for the extract-fanout flow, docs/multinode.md; default: every queue), EAGLE3_GPUS (size of
+# the `gpu` limit; default: nvidia-smi), EAGLE3_HEARTBEAT_S (30), EAGLE3_CRASH_AFTER_S (150).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,6 +40,7 @@ start_worker() {
   # the same for workers started elsewhere). setsid: `stop` ends the worker and its flow runs as one group.
   PREFECT_FLOWS_HEARTBEAT_FREQUENCY="$HEARTBEAT_S" \
     nohup setsid "$BIN/prefect" worker start --pool "$POOL" --type process --name "$WORKER_NAME" \
+    ${EAGLE3_WORK_QUEUE:+--work-queue "$EAGLE3_WORK_QUEUE"} \
     >>"$WORKER_LOG" 2>&1 </dev/null &
   echo $! >"$WORKER_PID"
   for _ in $(seq 1 60); do
