@@ -27,6 +27,7 @@ def main() -> None:
     p.add_argument("--target", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--port", type=int, required=True, help="gloo rendezvous port")
+    p.add_argument("--inputs", help="safetensors with input_ids [T] and aux [T, K*H]: run the draft's step 0 on them")
     args = p.parse_args()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
@@ -81,6 +82,9 @@ def main() -> None:
         {"rope.q": q, "rope.k": k, "rope.q_rot": q_rot.reshape(q.shape), "rope.k_rot": k_rot.reshape(k.shape)}
     )
 
+    if args.inputs:
+        tensors.update(draft_step0(draft, args.target, args.inputs))
+
     # the target: which layers SGLang captures for this draft (dummy weights: only the wiring matters)
     target_cfg = ModelConfig.from_server_args(server_args, model_path=args.target)
     aux = resolve_spec_aux_hidden_state_config(
@@ -119,6 +123,52 @@ def main() -> None:
         "backend_errors": backend_errors,
     }
     save_file({k: v.contiguous() for k, v in tensors.items()}, args.out, metadata={"result": json.dumps(meta)})
+
+
+class CausalSDPA:
+    """Stands in for SGLang's attention backend (its EAGLE3-capable ones need CUDA or AMX): causal attention
+    over one sequence, GQA, the layer's own scaling. Everything around it is SGLang's model code."""
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        t = q.shape[0]
+        qh = q.view(t, layer.tp_q_head_num, layer.qk_head_dim).transpose(0, 1)
+        kh = k.view(t, layer.tp_k_head_num, layer.qk_head_dim).transpose(0, 1)
+        vh = v.view(t, layer.tp_v_head_num, layer.v_head_dim).transpose(0, 1)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            qh, kh, vh, is_causal=True, scale=layer.scaling, enable_gqa=True
+        )
+        return out.transpose(0, 1).reshape(t, -1)
+
+
+def draft_step0(draft, target_dir: str, inputs_path: str) -> dict[str, torch.Tensor]:
+    """SGLang's draft forward in extend mode (the draft-extend pass after a prefill) on given ids and aux
+    states, with the target's embedding shared in as the EAGLE worker does (set_embed)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    inputs = load_file(inputs_path)
+    for f in sorted(Path(target_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as st:
+            if "model.embed_tokens.weight" in st.keys():  # noqa: SIM118 - safe_open has no __contains__
+                embed = st.get_tensor("model.embed_tokens.weight")
+    draft.set_embed(torch.nn.Parameter(embed.to(torch.bfloat16), requires_grad=False))
+    ids = inputs["input_ids"]
+    batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        spec_info=SimpleNamespace(hidden_states=inputs["aux"].to(torch.bfloat16)),
+        mm_input_embeds=None,
+        contains_mm_inputs=lambda: False,
+        global_num_token_non_padded_cpu=None,
+        mha_return_lse=False,
+    )
+    with torch.no_grad(), forward_context(ForwardContext(attn_backend=CausalSDPA())):
+        normed, (prenorm,) = draft.model(ids, torch.arange(len(ids)), batch)
+        logits = normed @ draft.lm_head.weight.T  # what the logits processor computes over the draft vocab
+    return {"step0.logits": logits.float(), "step0.hidden": prenorm.float()}
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from eagle3.config import EvaluateConfig
 from eagle3.draft.checkpoint import save_checkpoint
-from eagle3.draft.model import DraftConfig, Eagle3Draft, apply_rope, rope_cos_sin, rope_inv_freq
+from eagle3.draft.model import DraftConfig, Eagle3Draft, apply_rope, dense_attend, rope_cos_sin, rope_inv_freq
 from eagle3.evaluate.live import LiveEvalError, measure
 from eagle3.export import ExportResult, export_draft
 from eagle3.model_files import model_fingerprint, read_model_facts
@@ -66,6 +66,10 @@ def exported(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     ckpt = save_checkpoint(root / "train" / "checkpoints", 1, draft, opt, sched, {"data_position": {}}, keep=1)
     result = export_draft(ckpt, root / "run", demo_model, root / "run" / "draft")
 
+    g = torch.Generator().manual_seed(1)  # step-0 inputs: target ids and fused aux states [T, K*H]
+    inputs = {"input_ids": torch.randint(0, cfg.vocab_size, (48,), generator=g),
+              "aux": torch.randn(48, 3 * cfg.target_hidden_size, generator=g).to(torch.bfloat16)}  # fmt: skip
+    save_file(inputs, str(root / "inputs.safetensors"))
     out = root / "sglang_view.safetensors"
     cwd = root / "cwd"  # no server_patch folder here
     cwd.mkdir()
@@ -73,13 +77,13 @@ def exported(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
            "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # fmt: skip
     proc = subprocess.run(
         [str(SGLANG_PYTHON), str(HERE / "sglang_load_draft.py"), "--draft", result.out_dir, "--target", str(demo_model),
-         "--out", str(out), "--port", str(free_port())],
+         "--out", str(out), "--port", str(free_port()), "--inputs", str(root / "inputs.safetensors")],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with safe_open(str(out), "pt") as f:
         meta = json.loads(f.metadata()["result"])
-    return result, {"meta": meta, "tensors": load_file(str(out))}
+    return result, {"meta": meta, "tensors": load_file(str(out)), "inputs": inputs}
 
 
 def test_sglang_loads_every_weight_of_the_export_as_we_wrote_it(exported: tuple[ExportResult, dict[str, Any]]) -> None:
@@ -139,6 +143,38 @@ def test_sglangs_draft_rope_is_the_one_we_trained_with(
     assert max_error(cfg.rope_theta) < 0.03
     assert max_error(cfg.rope_theta / 10) > 0.5
     assert not torch.allclose(t["rope.q_rot"], t["rope.q"], atol=1e-2)  # positions > 0 did rotate
+
+
+def token_errors(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a - b).norm(dim=-1) / b.norm(dim=-1)
+
+
+def test_sglangs_draft_forward_matches_our_training_forward(
+    exported: tuple[ExportResult, dict[str, Any]], demo_model: Path
+) -> None:
+    """Step 0 of the draft on the same ids and aux states: SGLang's model code (its fc, norms, fused qkv, RoPE,
+    o_proj, MLP, final norm; a plain causal SDPA for its attention backend) vs our training forward in fp32."""
+    result, view = exported
+    cfg = DraftConfig.from_target(json.loads((demo_model / "config.json").read_text()), num_aux=3,
+                                  draft_vocab_size=DRAFT_VOCAB)  # fmt: skip
+    embed = load_file(str(demo_model / "model.safetensors"))["model.embed_tokens.weight"]
+    draft = Eagle3Draft(cfg, embed.float())
+    weights = load_file(str(Path(result.out_dir) / "model.safetensors"))
+    draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False)
+    ids, aux = view["inputs"]["input_ids"], view["inputs"]["aux"].float()
+
+    def ours(aux: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            cos, sin = rope_cos_sin(draft.inv_freq, torch.arange(len(ids)))
+            one_doc = dense_attend(torch.zeros(len(ids), dtype=torch.long))
+            h = draft.midlayer(draft.embed_tokens(ids), draft.fc(aux), cos, sin, [], one_doc)
+            return draft.lm_head(draft.norm(h))
+
+    sglang = view["tensors"]["step0.logits"]
+    assert float(token_errors(sglang, ours(aux)).max()) < 0.03  # bf16 serving vs fp32: ~0.008 measured
+    k = cfg.target_hidden_size  # the aux layers in the wrong order: far off, so the check can tell
+    swapped = torch.cat([aux[:, 2 * k :], aux[:, k : 2 * k], aux[:, :k]], dim=1)
+    assert float(token_errors(sglang, ours(swapped)).median()) > 0.5
 
 
 def test_sglang_cannot_serve_eagle3_on_this_cpu_for_want_of_a_draft_attention_backend(
