@@ -193,9 +193,13 @@ def _check_weights(path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfi
         raise ExportError(f"{path}: t2d does not mark exactly the target ids that d2t selects")
 
 
-def _export_key(checkpoint_sha: str, target_cfg_sha: str, aux: list[int], ids: list[int], tokens: int) -> str:
-    blob = json.dumps([EXPORT_FORMAT, checkpoint_sha, target_cfg_sha, aux, ids, tokens]).encode()
-    return hashlib.sha256(blob).hexdigest()
+def _export_key(
+    checkpoint_sha: str, target_cfg_sha: str, layers: list[list[int]], tokens: int, paths: list[Path]
+) -> str:
+    """Over what makes an export valid: its inputs, and the absolute paths written into it (serve args,
+    the speculators verifier), so a moved run directory or target is exported again."""
+    blob = json.dumps([EXPORT_FORMAT, checkpoint_sha, target_cfg_sha, layers, tokens, [str(p) for p in paths]])
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _previous(out_dir: Path, key: str) -> ExportResult | None:
@@ -257,8 +261,13 @@ def export_draft(
         )
 
     ckpt_sha = sha256_file(ckpt / WEIGHTS)
-    key = _export_key(ckpt_sha, sha256_file(model_dir / "config.json"), info.aux_layers, layers.layer_ids,
-                      speculative_tokens)  # fmt: skip
+    key = _export_key(
+        ckpt_sha,
+        sha256_file(model_dir / "config.json"),
+        [info.aux_layers, layers.layer_ids],
+        speculative_tokens,
+        [model_dir.resolve(), out_dir.resolve()],
+    )
     prev = _previous(out_dir, key)
     if prev is not None:
         counter.add(3, skipped=3)
