@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -276,26 +277,32 @@ def is_leased(state: State[Any]) -> bool:
 
 
 def run_shards(config: PipelineConfig, model_dir: str, plan: ExtractPlan) -> dict[int, State[Any]]:
-    """Every planned shard, as many at once as this flow run has servers (Prefect's thread-pool task runner, one
-    thread per server). Shards another run holds come back `Leased` and are then waited for, so the flow run
-    ends when each of its shards is complete, failed, or completed by the other run. Returns shard -> final state."""
+    """Every planned shard, as many at once as this flow run has servers: with several, through Prefect's
+    thread-pool task runner (one thread per server); with one, in the flow's own thread, one after another (where
+    Prefect can also interrupt a shard at its timeout). Shards another run holds come back `Leased` and are then
+    waited for, so the flow run ends when each of its shards is complete, failed, or completed by the other run.
+    Returns shard -> final state."""
     shard_task: Task[..., Any] = extract_shard_task.with_options(retries=config.extract.shard_retries)
-    waiting_task: Task[..., Any] = shard_task.with_options(
-        timeout_seconds=2 * SHARD_TIMEOUT_S
-    )  # the wait, then maybe the work
+    waiting_task: Task[..., Any] = shard_task.with_options(timeout_seconds=2 * SHARD_TIMEOUT_S)  # wait, then work
 
     def parameters(shard: int, wait: bool) -> dict[str, Any]:
         return {"config": config, "model_dir": model_dir, "shard": shard, "progress": plan.progress, "wait": wait}
 
-    runner: ThreadPoolTaskRunner[Any]
-    with ThreadPoolTaskRunner(max_workers=server_count(config)) as runner:
-        futures: dict[int, PrefectFuture[Any]] = {
-            s: runner.submit(shard_task, parameters(s, False)) for s in plan.shards
-        }
-        states = {s: settle(f) for s, f in futures.items()}
+    def run_all(runner: ThreadPoolTaskRunner[Any] | None, task: Task[..., Any], shards: list[int], wait: bool
+                ) -> dict[int, State[Any]]:  # fmt: skip
+        if runner is None:
+            return {s: task(**parameters(s, wait), return_state=True) for s in shards}
+        futures: dict[int, PrefectFuture[Any]] = {s: runner.submit(task, parameters(s, wait)) for s in shards}
+        return {s: settle(f) for s, f in futures.items()}
+
+    servers = server_count(config)
+    pool: AbstractContextManager[ThreadPoolTaskRunner[Any] | None] = (
+        ThreadPoolTaskRunner(max_workers=servers) if servers > 1 else nullcontext()
+    )
+    with pool as runner:
+        states = run_all(runner, shard_task, plan.shards, wait=False)
         leased = [s for s, state in states.items() if is_leased(state)]
-        waits: dict[int, PrefectFuture[Any]] = {s: runner.submit(waiting_task, parameters(s, True)) for s in leased}
-        states.update({s: settle(f) for s, f in waits.items()})
+        states.update(run_all(runner, waiting_task, leased, wait=True))
     return states
 
 

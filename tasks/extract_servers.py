@@ -69,6 +69,11 @@ class ServerPool:
         finally:
             self._free.put(index)
 
+    def built(self) -> list[Engine]:
+        """The engines built so far (a server is launched only once its engine first extracts)."""
+        with self._build_lock:
+            return list(self._engines.values())
+
     def close(self) -> None:
         with self._build_lock:
             engines, self._engines = list(self._engines.values()), {}

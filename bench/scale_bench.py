@@ -1,0 +1,253 @@
+"""Extraction throughput with 1 vs 2 servers on one machine, and the projected scaling table for N nodes.
+
+    .venv/bin/python bench/scale_bench.py                          # SGLang on CPU (two servers launched here)
+    .venv/bin/python bench/scale_bench.py --engine transformers    # two in-process engines (one shared model)
+    .venv/bin/python bench/scale_bench.py --project-only --per-server-tok-s 84606 --bytes-per-token 16393 \\
+        --storage-mb-s 5000 --servers-per-node 1                    # the table alone, from numbers measured elsewhere
+
+Measured, on a fresh store per pass, passes alternating (1 server, 2 servers, 1, 2, ...) so load drift on a
+shared machine hits both alike:
+  one server    every shard on server #0, one after another
+  two servers   the same shards on both servers at once: one thread per server, each taking the next shard under
+                its lease (eagle3.lease) and a free server from the pool (tasks/extract_servers.ServerPool), the
+                extract flow's own pattern without Prefect's bookkeeping
+  lease cost    take + give back one shard lease on the store's filesystem
+  write bw      fsynced atomic writes of sample-sized files, 4 threads (the store's filesystem)
+Servers are started (and warmed up) before the first pass and stay up.
+
+The projection: N nodes x s servers each, at the measured one-server rate r (each server on its own hardware,
+as on GPU nodes: a CPU machine's two servers share its cores, so its 2-server speed-up is a floor, not the
+multi-node one), capped by the shared storage's write bandwidth B: min(N*s*r, B / bytes_per_token). Lease
+traffic is one create + one delete + a heartbeat every 30 s per shard in flight: negligible next to the samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from eagle3.config import PipelineConfig
+from eagle3.extract import extract_shard, open_run
+from eagle3.fsio import atomic_write_bytes
+from eagle3.lease import ShardLease
+from eagle3.model_files import read_model_facts, resolve_model, tokenizer_fingerprint
+from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from tasks.extract_servers import ServerPool
+
+MB = 1 << 20
+SGLANG_PYTHON = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--engine", default="sglang", choices=["sglang", "transformers"])
+    p.add_argument("--model", default="demo", help="model directory, or `demo` (SmolLM2-135M)")
+    p.add_argument("--data-dir", default="data")
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--samples", type=int, default=32)
+    p.add_argument("--seq-len", type=int, default=256, help="longest sample; lengths are uniform in [L/2, L]")
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--repeats", type=int, default=2, help="pairs of passes (1 server, then 2)")
+    p.add_argument("--port", type=int, default=31250, help="sglang: first server's port (the second: +1)")
+    p.add_argument("--work-dir", default="data/runs/bench")
+    p.add_argument("--project-only", action="store_true", help="print the projection from the numbers below")
+    p.add_argument("--per-server-tok-s", type=float, help="projection: one server's extraction rate")
+    p.add_argument("--bytes-per-token", type=float, help="projection: store bytes per token")
+    p.add_argument("--storage-mb-s", type=float, help="projection: shared storage write bandwidth (MiB/s)")
+    p.add_argument("--servers-per-node", type=int, default=1)
+    return p.parse_args()
+
+
+def make_prepared(store: RunStore, model_dir: Path, n: int, shards: int, seq_len: int, vocab: int) -> None:
+    """Random token ids, lengths uniform in [seq_len/2, seq_len], dealt into `shards` shards."""
+    rng = random.Random(0)
+    rows = []
+    for i in range(n):
+        t = rng.randint(max(1, seq_len // 2), seq_len)
+        ids = [rng.randrange(vocab) for _ in range(t)]
+        rows.append({"sample_id": f"b{i:05d}", "input_ids": ids, "loss_mask": [1] * t, "num_tokens": t,
+                     "source": f"bench:{i}", "messages": "[]"})  # fmt: skip
+    dealt = [rows[i::shards] for i in range(shards)]
+    for i, part in enumerate(dealt):
+        store.write_prepared_shard(i, pa.Table.from_pylist(part, schema=PREPARED_SCHEMA))
+    tokens = [sum(r["num_tokens"] for r in part) for part in dealt]
+    tokenizer = tokenizer_fingerprint(model_dir)
+    store.write_prepared_manifest(
+        PreparedManifest(dataset="bench", dataset_fingerprint="bench", tokenizer_sha256=tokenizer, num_samples=n,
+                         num_tokens=sum(tokens), num_loss_tokens=sum(tokens), shards=[len(p) for p in dealt],
+                         shard_tokens=tokens, config={})
+    )  # fmt: skip
+
+
+def fresh(store: RunStore) -> None:
+    for name in ("shards", "run.json", "leases"):
+        path = store.root / name
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def one_shard(store: RunStore, shard: int, pool: ServerPool, info: RunInfo) -> int:
+    lease = ShardLease(store.root, shard)
+    assert lease.try_acquire(), f"shard {shard} is leased by someone else"
+    try:
+        with pool.checkout() as (_, engine):
+            m = extract_shard(store, shard, engine, info)
+    finally:
+        lease.release()
+    assert m.status == "complete", m.errors
+    return m.tokens
+
+
+def group_cpu_s(pgids: list[int]) -> float:
+    """User + system CPU seconds of every live process in these process groups (launched servers)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) in pgids:  # after "(comm)": state ppid pgrp ... utime(11) stime(12)
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_now(pool: ServerPool) -> float:
+    """CPU seconds so far of this process and of the pool's launched servers: a view of the work that other
+    jobs' load on a shared machine does not inflate (wall time it does)."""
+    pgids = [g for e in pool.built() if (g := getattr(getattr(e, "server", None), "pgid", None)) is not None]
+    t = os.times()
+    return t.user + t.system + group_cpu_s(pgids)
+
+
+@dataclass
+class Pass:
+    seconds: float
+    cpu_s: float
+    tokens: int
+    bytes: int
+
+
+def extraction_pass(cfg: PipelineConfig, model_dir: Path, pool: ServerPool, servers: int) -> Pass:
+    """Extract every shard into a fresh store on `servers` servers of the pool."""
+    store = RunStore(cfg.run_dir)
+    fresh(store)
+    info = open_run(cfg, store, model_dir, pool.info)
+    shards = range(store.num_shards())
+    start, cpu = time.perf_counter(), cpu_now(pool)
+    with ThreadPoolExecutor(servers) as threads:
+        tokens = sum(threads.map(lambda s: one_shard(store, s, pool, info), shards))
+    seconds, cpu_s = time.perf_counter() - start, cpu_now(pool) - cpu
+    return Pass(seconds, cpu_s, tokens, sum(m.bytes for m in store.manifests()))
+
+
+def lease_cost_ms(run_dir: Path, n: int = 200) -> float:
+    start = time.perf_counter()
+    for i in range(n):
+        lease = ShardLease(run_dir, 100_000 + i)
+        lease.try_acquire()
+        lease.release()
+    return 1000 * (time.perf_counter() - start) / n
+
+
+def write_bandwidth(directory: Path, file_size: int, total: int, threads: int = 4) -> float:
+    directory.mkdir(parents=True, exist_ok=True)
+    payload = os.urandom(file_size)
+    n = max(threads, total // file_size)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda i: atomic_write_bytes(directory / f"f{i:05d}.bin", payload), range(n)))
+    seconds = time.perf_counter() - start
+    shutil.rmtree(directory)
+    return n * file_size / seconds
+
+
+def projection(per_server: float, bytes_per_token: float, storage_bps: float, servers_per_node: int) -> str:
+    storage_tok_s = storage_bps / bytes_per_token
+    lines = [
+        f"per server {per_server:,.0f} tok/s, {servers_per_node} server(s) per node, {bytes_per_token:,.0f} B/token, "
+        f"shared storage {storage_bps / MB:,.0f} MiB/s = {storage_tok_s:,.0f} tok/s",
+        "",
+        "| nodes | servers | compute tok/s | storage write needed | projected tok/s | bound by |",
+        "|---:|---:|---:|---:|---:|---|",
+    ]
+    for nodes in (1, 2, 4, 8, 16, 32, 64):
+        servers = nodes * servers_per_node
+        compute = servers * per_server
+        need = compute * bytes_per_token / MB
+        projected = min(compute, storage_tok_s)
+        bound = "compute" if compute <= storage_tok_s else "storage"
+        lines.append(f"| {nodes} | {servers} | {compute:,.0f} | {need:,.0f} MiB/s | {projected:,.0f} | {bound} |")
+    return "\n".join(lines)
+
+
+def server_config(args: argparse.Namespace, run_dir: Path, model_dir: Path) -> PipelineConfig:
+    server: dict[str, Any] = {"engine": args.engine, "device": args.device, "servers": [{}, {}]}
+    if args.engine == "sglang":
+        server.update(python=str(SGLANG_PYTHON), port=args.port, max_total_tokens=16384, startup_timeout_s=900)
+    return PipelineConfig.model_validate({"run_dir": str(run_dir), "model": str(model_dir), "server": server})
+
+
+def main() -> None:
+    args = parse_args()
+    if args.project_only:
+        print(projection(args.per_server_tok_s, args.bytes_per_token, args.storage_mb_s * MB, args.servers_per_node))
+        return
+    model_dir = resolve_model(args.model, Path(args.data_dir))
+    facts = read_model_facts(model_dir)
+    Path(args.work_dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=args.work_dir, prefix="scale-bench-"))
+    cfg = server_config(args, work / "run", model_dir)
+    pool = ServerPool(cfg, model_dir)
+    try:
+        store = RunStore(cfg.run_dir)
+        make_prepared(store, model_dir, args.samples, args.shards, args.seq_len, facts.vocab_size)
+        warm = store.prepared_samples(0)[:1]
+        for i in range(pool.size):  # start every server and load the weights before timing
+            list(pool.engine(i).extract([PreparedSample(w.sample_id, w.input_ids, w.loss_mask, "") for w in warm]))
+        runs: dict[int, list[Pass]] = {1: [], 2: []}
+        for _ in range(args.repeats):
+            for servers in (1, 2):
+                run = extraction_pass(cfg, model_dir, pool, servers)
+                runs[servers].append(run)
+                print(
+                    f"pass: {servers} server(s), {run.tokens / run.seconds:,.0f} tok/s, "
+                    f"{run.tokens / run.cpu_s:,.0f} tok per CPU-s, load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+        bytes_per_token = runs[1][0].bytes / runs[1][0].tokens
+        sample_size = int(runs[1][0].bytes / args.samples)
+        bw = write_bandwidth(work / "bw", sample_size, max(64 * MB, 200 * sample_size))
+        lease_ms = lease_cost_ms(work / "run")
+    finally:
+        pool.close()
+        shutil.rmtree(work, ignore_errors=True)
+    rate = {k: sum(p.tokens for p in v) / sum(p.seconds for p in v) for k, v in runs.items()}
+    cpu_rate = {k: sum(p.tokens for p in v) / sum(p.cpu_s for p in v) for k, v in runs.items()}
+    cpus = os.cpu_count()
+    print(f"\nengine {args.engine} on {args.device} ({cpus} CPUs), model {facts.model_type} {facts.num_layers} "
+          f"layers, hidden {facts.hidden_size}; {args.samples} samples in {args.shards} shards, {runs[1][0].tokens} "
+          f"tokens per pass, {args.repeats} passes each\n")  # fmt: skip
+    print("| servers | tok/s | vs one server | tok per CPU-s (servers + client) | vs one server |")
+    print("|---:|---:|---:|---:|---:|")
+    for k in (1, 2):
+        speedup, cpu_ratio = rate[k] / rate[1], cpu_rate[k] / cpu_rate[1]
+        print(f"| {k} | {rate[k]:,.0f} | {speedup:.2f}x | {cpu_rate[k]:,.0f} | {cpu_ratio:.2f}x |")
+    print(f"\nlease take + give back: {lease_ms:.2f} ms per shard; write bandwidth (sample-sized files, fsync, "
+          f"4 threads): {bw / MB:,.0f} MiB/s; {bytes_per_token:,.0f} B/token\n")  # fmt: skip
+    print(projection(rate[1], bytes_per_token, bw, 1))
+
+
+if __name__ == "__main__":
+    main()
