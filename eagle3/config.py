@@ -222,6 +222,12 @@ class EvaluateConfig(StrictModel):
         description="Held-out prompts (JSONL, rows like data.dataset's): each row's turns before its last "
         "assistant turn are the prompt. Keep them out of the training data.",
     )
+    offline_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto",
+        description="Target dtype of the offline evaluation. `auto`: float32 on CPU (the speculative output then "
+        "equals plain greedy decoding token for token), the store's dtype on CUDA. In bf16, tied logits can make "
+        "the verify forward and one-token decoding pick different tokens; acceptance counts stay valid.",
+    )
     # live evaluation (eagle3/evaluate/live.py) -------------------------------------------------
     live: Literal["auto", "on", "off"] = Field(
         "auto",

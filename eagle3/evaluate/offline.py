@@ -498,9 +498,12 @@ def evaluate_offline(
     device: str = "auto",
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
-    """The evaluate stage's offline part: held-out prompts from cfg.dataset, the target in the store's dtype,
+    """The evaluate stage's offline part: held-out prompts from cfg.dataset, the target in cfg.offline_dtype,
     the result written to <run_dir>/eval/offline.json."""
     info = RunInfo.model_validate(read_json(Path(run_dir) / "run.json"))
+    dtype: str = cfg.offline_dtype
+    if dtype == "auto":
+        dtype = "float32" if resolve_device(device).type == "cpu" else info.dtype
     chat = ChatTokenizer.from_model_dir(Path(model_dir))
     prompts = load_eval_prompts(Path(cfg.dataset), chat, limit=cfg.num_prompts)
     result = offline_acceptance(
@@ -511,7 +514,7 @@ def evaluate_offline(
         steps=cfg.draft_steps,
         max_new_tokens=cfg.max_new_tokens,
         device=device,
-        dtype=info.dtype,
+        dtype=dtype,
         progress=progress,
     )
     write_offline_result(run_dir, result)

@@ -199,7 +199,7 @@ def test_speculative_decoding_with_an_untrained_draft_equals_plain_greedy_and_wr
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     info = RunInfo(model_path=str(demo_model), model_sha256="x", tokenizer_sha256="x", engine="transformers",
-                   engine_version="x", dtype="float32", hidden_size=576, num_layers=30, vocab_size=49152,
+                   engine_version="x", dtype="bfloat16", hidden_size=576, num_layers=30, vocab_size=49152,
                    aux_layers=AUX, engine_layer_ids=AUX, engine_layer_convention="hf_hidden_states",
                    dataset_fingerprint="x", versions={}, config={})  # fmt: skip
     atomic_write_json(run_dir / "run.json", info.model_dump(mode="json"))
@@ -208,6 +208,7 @@ def test_speculative_decoding_with_an_untrained_draft_equals_plain_greedy_and_wr
     )
     seen: list[int] = []
     result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent, device="cpu", progress=lambda p: seen.append(p.done))  # fmt: skip  # noqa: E501
+    assert result.dtype == "float32"  # offline_dtype auto on CPU: exact, where a bf16 store's dtype ties logits
     assert result.identical_to_greedy == 2 and result.mismatched_prompts == []
     assert result.checkpoint == str(ckpt) and result.num_prompts == 2 and seen[-1] == 2
     assert 1.0 <= result.acceptance_length <= STEPS + 1 and result.rounds >= 2
