@@ -1,9 +1,10 @@
 """Offline acceptance: speculative greedy decoding with the transformers target and a trained draft, against
 plain greedy decoding of the same target on the same held-out prompts. Batch 1, temperature 0.
 
-    prompts = load_eval_prompts(Path(cfg.dataset), chat, limit=cfg.num_prompts)
+    result = evaluate_offline(cfg.evaluate, run_dir, model_dir, checkpoint)   # the stage: all of the below
+    prompts = load_eval_prompts(Path(cfg.evaluate.dataset), chat, limit=cfg.evaluate.num_prompts)
     result = offline_acceptance(model_dir, checkpoint, run_dir, prompts, steps=3, max_new_tokens=64)
-    write_offline_result(run_dir, result)                         # <run_dir>/eval/offline.json
+    write_offline_result(run_dir, result)                                     # <run_dir>/eval/offline.json
 
 One verify round, after the target has emitted token x[n-1]:
     propose   the draft chains k tokens d1..dk on its own argmax (step 0 from the target's aux states)
@@ -443,11 +444,11 @@ def offline_acceptance(
     steps: int,
     max_new_tokens: int,
     device: str = "auto",
-    dtype: str = "bfloat16",
+    dtype: str = "float32",
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
     """Acceptance of the draft in `checkpoint` (a step directory, a checkpoints root or a training out_dir), and
-    the offline speed of speculative vs plain greedy decoding. `dtype` is the target's: the store's (run.json)."""
+    the offline speed of speculative vs plain greedy decoding. `dtype` is the target's (evaluate.offline_dtype)."""
     start = time.monotonic()
     if not prompts:
         raise EvalError("no prompts to evaluate")
