@@ -103,13 +103,13 @@ def _count_lines(path: Path) -> int:
 
 def read_rows(data: DataConfig) -> tuple[int, Iterator[RawRow]]:
     """(number of rows, or 0 when unknown; the rows in input order). Local files only, no network."""
-    import datasets
-
     path = Path(data.dataset)
     _check_path(path)
     name = str(data.dataset)
     if path.suffix in (".jsonl", ".json") and _is_json_lines(path):
         return _count_lines(path), read_json_lines(path, name)
+    import datasets  # only for what JSON Lines is not: Parquet, JSON arrays, saved datasets
+
     if path.is_dir():
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):

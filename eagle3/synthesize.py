@@ -101,6 +101,8 @@ def generate_batch(
     tok = chat.tokenizer
     stops = stop_token_ids(model, chat)
     pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
+    if tok.pad_token_id is None:  # many chat models (Llama 3) ship none; padding is masked out anyway
+        tok.pad_token_id = pad
     enc = tok(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
     enc = enc.to(model.device)
     sampled = scfg.temperature > 0

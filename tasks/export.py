@@ -29,7 +29,7 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     logger.info("export: %s %s (step %s)", "unchanged" if result.skipped else "wrote", out, result.checkpoint_step)
     for note in result.notes:
         logger.warning("export: %s", note)
-    serve = " ".join(["python -m sglang.launch_server --model-path", model_dir, *result.sglang_args])
+    serve = " ".join(["python -m sglang.launch_server", *result.sglang_args])  # the args name the target too
     markdown_artifact(
         run_key(config.run_dir, "export"),
         "\n".join(
