@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -182,7 +183,8 @@ def extract_shard_task(
         return extract_leased_shard(config, model_dir, store, info, shard, lease, report)
 
 
-def take_lease(lease: ShardLease, wait: bool, give_up: Any) -> bool:
+def take_lease(lease: ShardLease, wait: bool, give_up: Callable[[], bool]) -> bool:
+    """Take the lease now, or (`wait`) as soon as its holder gives it back or dies; False when given up."""
     if not wait:
         return lease.try_acquire()
     return lease.wait_acquire(SHARD_TIMEOUT_S, poll_s=LEASE_POLL_S, give_up=give_up)
