@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/scale_bench.py                          # SGLang on CPU (two servers launched here)
     .venv/bin/python bench/scale_bench.py --engine transformers    # two in-process engines (one shared model)
+    python3 bench/scale_bench.py --engine transformers --device cuda --gpus 0 1 --model /tmp/llama1b \
+        --samples 256 --seq-len 2048 --batch-tokens 16384          # a 2-GPU node: one engine per GPU
     .venv/bin/python bench/scale_bench.py --project-only --per-server-tok-s 84606 --bytes-per-token 16393 \\
         --storage-mb-s 5000 --servers-per-node 1                    # the table alone, from numbers measured elsewhere
 
@@ -9,8 +11,8 @@ Measured, on a fresh store per pass, passes alternating (1 server, 2 servers, 1,
 shared machine hits both alike:
   one server    every shard on server #0, one after another
   two servers   the same shards on both servers at once: one thread per server, each taking the next shard under
-                its lease (eagle3.lease) and a free server from the pool (tasks/extract_servers.ServerPool), the
-                extract flow's own pattern without Prefect's bookkeeping
+                its lease (eagle3.lease) and a free server (eagle3.servers, as tasks/extract_servers.py lends
+                them), the extract flow's own pattern without Prefect's bookkeeping
   lease cost    take + give back one shard lease on the store's filesystem
   write bw      fsynced atomic writes of sample-sized files, 4 threads (the store's filesystem)
 Servers are started (and warmed up) before the first pass and stay up.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import random
 import shutil
 import sys
@@ -40,12 +43,13 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3.config import PipelineConfig
+from eagle3.engines import Engine, EngineInfo
 from eagle3.extract import extract_shard, open_run
 from eagle3.fsio import atomic_write_bytes
 from eagle3.lease import ShardLease
 from eagle3.model_files import read_model_facts, resolve_model, tokenizer_fingerprint
+from eagle3.servers import ServerSpec, build_server_engine, server_specs
 from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
-from tasks.extract_servers import ServerPool
 
 MB = 1 << 20
 SGLANG_PYTHON = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"
@@ -62,6 +66,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--repeats", type=int, default=2, help="pairs of passes (1 server, then 2)")
     p.add_argument("--port", type=int, default=31250, help="sglang: first server's port (the second: +1)")
+    p.add_argument("--gpus", nargs=2, help="the two servers' GPUs, e.g. `0 1` (sglang: `0,1 2,3`)")
+    p.add_argument("--batch-tokens", type=int, default=8192, help="transformers engine: tokens per forward batch")
+    p.add_argument("--writer-threads", type=int, default=2, help="writer threads per shard (the flow uses 2)")
     p.add_argument("--work-dir", default="data/runs/bench")
     p.add_argument("--project-only", action="store_true", help="print the projection from the numbers below")
     p.add_argument("--per-server-tok-s", type=float, help="projection: one server's extraction rate")
@@ -74,7 +81,7 @@ def parse_args() -> argparse.Namespace:
 def make_prepared(store: RunStore, model_dir: Path, n: int, shards: int, seq_len: int, vocab: int) -> None:
     """Random token ids, lengths uniform in [seq_len/2, seq_len], dealt into `shards` shards."""
     rng = random.Random(0)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i in range(n):
         t = rng.randint(max(1, seq_len // 2), seq_len)
         ids = [rng.randrange(vocab) for _ in range(t)]
@@ -83,7 +90,7 @@ def make_prepared(store: RunStore, model_dir: Path, n: int, shards: int, seq_len
     dealt = [rows[i::shards] for i in range(shards)]
     for i, part in enumerate(dealt):
         store.write_prepared_shard(i, pa.Table.from_pylist(part, schema=PREPARED_SCHEMA))
-    tokens = [sum(r["num_tokens"] for r in part) for part in dealt]
+    tokens = [sum(int(r["num_tokens"]) for r in part) for part in dealt]
     tokenizer = tokenizer_fingerprint(model_dir)
     store.write_prepared_manifest(
         PreparedManifest(dataset="bench", dataset_fingerprint="bench", tokenizer_sha256=tokenizer, num_samples=n,
@@ -98,13 +105,37 @@ def fresh(store: RunStore) -> None:
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
 
 
-def one_shard(store: RunStore, shard: int, pool: ServerPool, info: RunInfo) -> int:
+class Servers:
+    """The engines of the two servers, built and started once; `take`/`give` lend one to a shard at a time."""
+
+    def __init__(self, cfg: PipelineConfig, model_dir: Path):
+        self.specs: list[ServerSpec] = server_specs(cfg, host="bench")
+        self.engines: list[Engine] = [build_server_engine(s, model_dir, base_env=dict(os.environ)) for s in self.specs]
+        self.free: queue.Queue[int] = queue.Queue()
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.engines[0].info
+
+    def use(self, n: int) -> None:
+        """Lend the first `n` servers from now on."""
+        self.free = queue.Queue()
+        for i in range(n):
+            self.free.put(i)
+
+    def close(self) -> None:
+        for e in self.engines:
+            e.close()
+
+
+def one_shard(store: RunStore, shard: int, servers: Servers, info: RunInfo, writer_threads: int) -> int:
     lease = ShardLease(store.root, shard)
     assert lease.try_acquire(), f"shard {shard} is leased by someone else"
+    index = servers.free.get()
     try:
-        with pool.checkout() as (_, engine):
-            m = extract_shard(store, shard, engine, info)
+        m = extract_shard(store, shard, servers.engines[index], info, writer_threads=writer_threads)
     finally:
+        servers.free.put(index)
         lease.release()
     assert m.status == "complete", m.errors
     return m.tokens
@@ -123,10 +154,10 @@ def group_cpu_s(pgids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_now(pool: ServerPool) -> float:
-    """CPU seconds so far of this process and of the pool's launched servers: a view of the work that other
-    jobs' load on a shared machine does not inflate (wall time it does)."""
-    pgids = [g for e in pool.built() if (g := getattr(getattr(e, "server", None), "pgid", None)) is not None]
+def cpu_now(servers: Servers) -> float:
+    """CPU seconds so far of this process and of the launched servers: a view of the work that other jobs' load
+    on a shared machine does not inflate (wall time it does)."""
+    pgids = [g for e in servers.engines if (g := getattr(getattr(e, "server", None), "pgid", None)) is not None]
     t = os.times()
     return t.user + t.system + group_cpu_s(pgids)
 
@@ -139,16 +170,17 @@ class Pass:
     bytes: int
 
 
-def extraction_pass(cfg: PipelineConfig, model_dir: Path, pool: ServerPool, servers: int) -> Pass:
-    """Extract every shard into a fresh store on `servers` servers of the pool."""
+def extraction_pass(cfg: PipelineConfig, model_dir: Path, servers: Servers, n: int, writer_threads: int) -> Pass:
+    """Extract every shard into a fresh store on the first `n` servers."""
     store = RunStore(cfg.run_dir)
     fresh(store)
-    info = open_run(cfg, store, model_dir, pool.info)
+    info = open_run(cfg, store, model_dir, servers.info)
     shards = range(store.num_shards())
-    start, cpu = time.perf_counter(), cpu_now(pool)
-    with ThreadPoolExecutor(servers) as threads:
-        tokens = sum(threads.map(lambda s: one_shard(store, s, pool, info), shards))
-    seconds, cpu_s = time.perf_counter() - start, cpu_now(pool) - cpu
+    servers.use(n)
+    start, cpu = time.perf_counter(), cpu_now(servers)
+    with ThreadPoolExecutor(n) as threads:
+        tokens = sum(threads.map(lambda s: one_shard(store, s, servers, info, writer_threads), shards))
+    seconds, cpu_s = time.perf_counter() - start, cpu_now(servers) - cpu
     return Pass(seconds, cpu_s, tokens, sum(m.bytes for m in store.manifests()))
 
 
@@ -193,7 +225,9 @@ def projection(per_server: float, bytes_per_token: float, storage_bps: float, se
 
 
 def server_config(args: argparse.Namespace, run_dir: Path, model_dir: Path) -> PipelineConfig:
-    server: dict[str, Any] = {"engine": args.engine, "device": args.device, "servers": [{}, {}]}
+    slots: list[dict[str, Any]] = [{"gpus": g} for g in args.gpus] if args.gpus else [{}, {}]
+    server: dict[str, Any] = {"engine": args.engine, "device": args.device, "servers": slots,
+                              "batch_tokens": args.batch_tokens}  # fmt: skip
     if args.engine == "sglang":
         server.update(python=str(SGLANG_PYTHON), port=args.port, max_total_tokens=16384, startup_timeout_s=900)
     return PipelineConfig.model_validate({"run_dir": str(run_dir), "model": str(model_dir), "server": server})
@@ -209,29 +243,27 @@ def main() -> None:
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=args.work_dir, prefix="scale-bench-"))
     cfg = server_config(args, work / "run", model_dir)
-    pool = ServerPool(cfg, model_dir)
+    store = RunStore(cfg.run_dir)
+    make_prepared(store, model_dir, args.samples, args.shards, args.seq_len, facts.vocab_size)
+    servers = Servers(cfg, model_dir)
     try:
-        store = RunStore(cfg.run_dir)
-        make_prepared(store, model_dir, args.samples, args.shards, args.seq_len, facts.vocab_size)
-        warm = store.prepared_samples(0)[:1]
-        for i in range(pool.size):  # start every server and load the weights before timing
-            list(pool.engine(i).extract([PreparedSample(w.sample_id, w.input_ids, w.loss_mask, "") for w in warm]))
+        warm = [PreparedSample(w.sample_id, w.input_ids, w.loss_mask, "") for w in store.prepared_samples(0)[:2]]
+        for engine in servers.engines:  # start every server and load the weights before timing
+            list(engine.extract(warm))
         runs: dict[int, list[Pass]] = {1: [], 2: []}
         for _ in range(args.repeats):
-            for servers in (1, 2):
-                run = extraction_pass(cfg, model_dir, pool, servers)
-                runs[servers].append(run)
-                print(
-                    f"pass: {servers} server(s), {run.tokens / run.seconds:,.0f} tok/s, "
-                    f"{run.tokens / run.cpu_s:,.0f} tok per CPU-s, load {os.getloadavg()[0]:.1f}",
-                    flush=True,
-                )
+            for n in (1, 2):
+                run = extraction_pass(cfg, model_dir, servers, n, args.writer_threads)
+                runs[n].append(run)
+                load = os.getloadavg()[0]
+                print(f"pass: {n} server(s), {run.tokens / run.seconds:,.0f} tok/s, "
+                      f"{run.tokens / run.cpu_s:,.0f} tok per CPU-s, load {load:.1f}", flush=True)  # fmt: skip
         bytes_per_token = runs[1][0].bytes / runs[1][0].tokens
         sample_size = int(runs[1][0].bytes / args.samples)
         bw = write_bandwidth(work / "bw", sample_size, max(64 * MB, 200 * sample_size))
         lease_ms = lease_cost_ms(work / "run")
     finally:
-        pool.close()
+        servers.close()
         shutil.rmtree(work, ignore_errors=True)
     rate = {k: sum(p.tokens for p in v) / sum(p.seconds for p in v) for k, v in runs.items()}
     cpu_rate = {k: sum(p.tokens for p in v) / sum(p.cpu_s for p in v) for k, v in runs.items()}
