@@ -153,7 +153,8 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     logger.info("train: %s (log: %s)", " ".join(cmd), out / "train.log")
     with hold_gpus(nproc), TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc)) as proc:
         for line in proc.lines():
-            if line.strip() and not line.startswith('{"result"'):
+            # the worker's own progress lines stay in train.log: TaskProgress logs the same, with a bar
+            if line.strip() and not line.startswith(('{"result"', "train: ")):
                 logger.info("%s", line)
             reporter.poll()
         code = proc.returncode
