@@ -14,8 +14,15 @@ from pydantic import BaseModel
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live
-from eagle3.evaluate.offline import OfflineEvalResult, load_eval_prompts, offline_acceptance, write_offline_result
-from eagle3.export import default_export_dir
+from eagle3.evaluate.offline import (
+    RESULT_FILE,
+    OfflineEvalResult,
+    load_eval_prompts,
+    offline_acceptance,
+    write_offline_result,
+)
+from eagle3.export import default_export_dir, resolve_checkpoint
+from eagle3.fsio import read_json
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 
 EVALUATE_TIMEOUT_S = 6 * 3600
@@ -57,6 +64,28 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
     return "\n".join(lines)
 
 
+def previous_offline(config: PipelineConfig, num_prompts: int) -> OfflineEvalResult | None:
+    """eval/offline.json when it measured this checkpoint with these settings (a re-run does no work)."""
+    run_dir, ev = Path(config.run_dir), config.evaluate
+    path = run_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    old = OfflineEvalResult.model_validate(read_json(path))
+    now = (str(resolve_checkpoint(run_dir / "train")), ev.draft_steps, ev.max_new_tokens, num_prompts)
+    return old if (old.checkpoint, old.steps, old.max_new_tokens, old.num_prompts) == now else None
+
+
+def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | None:
+    """eval/live.json when it measured the current export with these settings."""
+    run_dir, ev = Path(config.run_dir), config.evaluate
+    path, export = run_dir / "eval" / "live.json", default_export_dir(run_dir) / "export.json"
+    if not path.is_file() or not export.is_file() or path.stat().st_mtime < export.stat().st_mtime:
+        return None
+    old = LiveEvalResult.model_validate(read_json(path))
+    same = (old.status, old.num_prompts, old.max_new_tokens) == ("ok", num_prompts, ev.max_new_tokens)
+    return old if same else None
+
+
 @task(name="evaluate", retries=0, timeout_seconds=EVALUATE_TIMEOUT_S, cache_policy=NO_CACHE)
 def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     """Held-out prompts -> offline acceptance (eval/offline.json) and live speed (eval/live.json)."""
@@ -65,13 +94,17 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     ev = config.evaluate
     prompts = load_eval_prompts(Path(ev.dataset), ChatTokenizer.from_model_dir(model), limit=ev.num_prompts)
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
-    offline = offline_acceptance(
-        model, run_dir / "train", run_dir, prompts, steps=ev.draft_steps, max_new_tokens=ev.max_new_tokens,
-        device=config.server.device, dtype=config.server.dtype, progress=report,
-    )  # fmt: skip
-    write_offline_result(run_dir, offline)
+    offline = previous_offline(config, len(prompts))
+    if offline is None:
+        offline = offline_acceptance(
+            model, run_dir / "train", run_dir, prompts, steps=ev.draft_steps, max_new_tokens=ev.max_new_tokens,
+            device=config.server.device, dtype=config.server.dtype, progress=report,
+        )  # fmt: skip
+        write_offline_result(run_dir, offline)
+    else:
+        logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
     logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)
-    live = evaluate_live(
+    live = previous_live(config, len(prompts)) or evaluate_live(
         prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
         evaluate=ev, base_env=dict(os.environ),
     )  # fmt: skip

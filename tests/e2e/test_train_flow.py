@@ -126,3 +126,22 @@ def test_killing_the_flow_process_stops_torchrun_and_its_workers_and_the_next_ru
     assert state.is_completed(), state.message
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps[-1] == stopped_at + 4 and steps == sorted(set(steps))
+
+
+def test_a_train_wider_than_the_gpu_limit_is_refused_before_launching(prefect_server: str, store: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+
+    from flows.train import train_flow
+
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name="gpu", limit=1))
+    try:
+        state = train_flow(config(store, nproc=2), return_state=True)
+    finally:
+        with get_client(sync_client=True) as client:
+            client.delete_global_concurrency_limit_by_name("gpu")
+    assert state.is_failed()
+    with pytest.raises(ValueError, match=r"train.nproc=2 but the global concurrency limit 'gpu' has 1 slots"):
+        state.result()
+    assert not (store / "store" / "train" / "train.log").exists()
