@@ -134,6 +134,6 @@ class ServerOwningEngine:
 
     def close(self) -> None:
         try:
-            self.engine.close()
+            self.server.stop()  # first (a no-op for an attached server): no late dump can appear after the sweep
         finally:
-            self.server.stop()  # a no-op for an attached server
+            self.engine.close()  # closes its client, sweeps the dump directory
