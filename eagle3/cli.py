@@ -156,13 +156,8 @@ def cmd_run(cfg: PipelineConfig) -> int:
     if problem:
         print(f"eagle3: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from flows.pipeline import pipeline, require_wired
+    from flows.pipeline import pipeline
 
-    try:
-        require_wired(cfg.stages)
-    except ValueError as e:
-        print(f"eagle3: {e}", file=sys.stderr)
-        return EXIT_USAGE
     store = Path(cfg.run_dir).resolve()
     print(f"eagle3: stages {' -> '.join(cfg.stages)}; store {store}; Prefect {api_url}", flush=True)
     state = pipeline(cfg, return_state=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import State
 
-from eagle3.config import PipelineConfig, Stage
+from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from tasks.artifacts import run_summary_task
 from tasks.convert import convert_task
@@ -16,18 +16,6 @@ from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
 from tasks.train import train_task
 
-#: Stages this flow runs (all of eagle3.config.STAGES).
-WIRED_STAGES = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
-
-
-def require_wired(stages: list[Stage]) -> None:
-    missing = [s for s in stages if s not in WIRED_STAGES]
-    if missing:
-        raise ValueError(
-            f"stages {missing} are not implemented in this version (available: {list(WIRED_STAGES)}); "
-            "remove them from `stages` (or pass --stages)"
-        )
-
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
 def pipeline(config: PipelineConfig) -> str | State:
@@ -37,7 +25,6 @@ def pipeline(config: PipelineConfig) -> str | State:
     `<run>-run-summary`, says what the run left where and links the stages' artifacts. Ends Failed when the
     live evaluation finds the draft slower than the plain target.
     """
-    require_wired(config.stages)
     model_dir = resolve_model_task(config)
     if "prepare" in config.stages:
         prepare_task(config, model_dir)

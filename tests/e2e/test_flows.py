@@ -48,8 +48,10 @@ def write_config(tmp: Path, name: str, stages: tuple[str, ...] = ("prepare", "sy
         "synthesize": {"max_new_tokens": 8, "batch_size": 6},
         "server": {"engine": "transformers", "device": "cpu"},
         "extract": {"shard_retries": 1},
-        "train": {"draft_vocab_size": 64},
-    }
+        "train": {"draft_vocab_size": 64, "max_steps": 3, "batch_tokens": 256, "ttt_steps": 2, "warmup_steps": 1,
+                  "log_every": 1, "checkpoint_every": 3},
+        "evaluate": {"num_prompts": 2, "max_new_tokens": 6, "draft_steps": 2},
+    }  # fmt: skip
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -81,7 +83,7 @@ def task_runs_of(flow_run_name_prefix: str, flow_run_id: Any) -> list[Any]:
 def demo_run(prefect_server: str, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The pipeline run once through the CLI; returns (config path, CLI stdout)."""
     tmp = tmp_path_factory.mktemp("e2e")
-    path = write_config(tmp, "run", ("prepare", "synthesize", "extract", "convert"))
+    path = write_config(tmp, "run", ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"))
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
     proc = subprocess.run(
         [sys.executable, "-m", "eagle3.cli", "run", str(path)],
@@ -108,8 +110,26 @@ def test_cli_run_builds_a_complete_verified_store(demo_run: tuple[Path, str]) ->
         assert m.status == "complete" and len(m.samples) == m.expected == 2 and not m.errors
         for sample in store.prepared_samples(m.shard):
             store.verify(m.shard, sample, info, m.samples[sample.sample_id].crc32)
-    convert = json.loads((store.root / "convert.json").read_text())  # the convert stage ran last
+    convert = json.loads((store.root / "convert.json").read_text())
     assert convert["num_samples"] == 6 and Path(convert["vocab_map_path"]).is_file()
+
+
+def test_the_pipeline_trains_exports_and_evaluates_the_draft(demo_run: tuple[Path, str]) -> None:
+    root = Path(load_config(demo_run[0]).run_dir)
+    assert json.loads((root / "train" / "checkpoints" / "latest.json").read_text())["step"] == 3
+    export = json.loads((root / "draft" / "export.json").read_text())
+    assert export["checkpoint_step"] == 3 and (root / "draft" / "config.json").is_file()
+    offline = json.loads((root / "eval" / "offline.json").read_text())
+    assert offline["num_prompts"] == 2 and 1.0 <= offline["acceptance_length"] <= 3.0
+    assert offline["identical_to_greedy"] == 2  # speculative decoding reproduced plain greedy decoding
+    live = json.loads((root / "eval" / "live.json").read_text())
+    assert live["status"] == "skipped" and not live["flag"]  # evaluate.live auto: CUDA only
+    evaluation = latest_artifact("run-evaluation").data
+    assert f"{offline['acceptance_length']:.3f}" in evaluation
+    summary = latest_artifact("run-run-summary").data
+    assert "acceptance (offline)" in summary and "/draft" in summary and "speed (live SGLang)" in summary
+    for key in ("run-train-metrics", "run-train-curves", "run-export"):
+        latest_artifact(key)
 
 
 def test_artifacts_show_full_progress_the_shard_table_and_a_summary(demo_run: tuple[Path, str]) -> None:
@@ -126,7 +146,7 @@ def test_artifacts_show_full_progress_the_shard_table_and_a_summary(demo_run: tu
     assert latest_artifact("run-extract-failed-shards").description == "No failed shards."
     summary = latest_artifact("run-extract-summary")
     assert "6 / 6" in summary.data and "transformers" in summary.data and "[2, 15, 27]" in summary.data
-    for stage in ("prepare", "synthesize", "convert"):
+    for stage in ("prepare", "synthesize", "convert", "train", "evaluate"):
         assert float(latest_artifact(f"run-{stage}-progress").data) == 100.0
 
 

@@ -192,12 +192,3 @@ def test_run_refuses_to_start_without_a_prefect_server(
     assert cli.main(["run", str(REPO / "configs" / "demo.yaml")]) == 2
     assert "PREFECT_API_URL is not set" in capsys.readouterr().err
     assert "does not answer" in (cli.check_server("http://127.0.0.1:9/api") or "")
-
-
-def test_run_refuses_stages_that_are_not_implemented(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setattr(cli, "prefect_api_url", lambda: "http://127.0.0.1:9/api")
-    monkeypatch.setattr(cli, "check_server", lambda url: None)
-    assert cli.main(["run", str(REPO / "configs" / "demo.yaml"), "--stages", "prepare,extract,evaluate"]) == 2
-    assert "['evaluate'] are not implemented" in capsys.readouterr().err
