@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load, save
+from safetensors.torch import load
 
 from eagle3.fsio import atomic_write_bytes, atomic_write_parts
 
@@ -60,8 +60,10 @@ def encode_sample(
     aux_hidden_states: torch.Tensor,
     last_hidden_state: torch.Tensor,
 ) -> bytes:
-    tensors = _sample_tensors(sample_id, aux_layers, input_ids, loss_mask, aux_hidden_states, last_hidden_state)
-    return save(tensors, metadata=_metadata(sample_id, aux_layers))
+    """The sample file's bytes. Built by `encode_sample_parts`, not safetensors' `save`, whose header key order
+    changes from process to process: the same sample must give the same bytes (and crc32) in every process."""
+    return b"".join(encode_sample_parts(sample_id, aux_layers, input_ids, loss_mask, aux_hidden_states,
+                                        last_hidden_state))  # fmt: skip
 
 
 def encode_sample_parts(
