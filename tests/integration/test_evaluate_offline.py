@@ -111,6 +111,7 @@ def stub_run(target: Target, prompts: list[list[int]], greedy: list[list[int]], 
                      aux_layers=AUX, max_new_tokens=max_new, device="cpu", dtype="float32", elapsed_s=0.0)  # fmt: skip
 
 
+@pytest.mark.slow  # the demo model
 def test_the_held_out_prompts_are_not_in_the_training_prompts_and_end_in_a_generation_prompt(
     prompts: list[list[int]], demo_tokenizer: object
 ) -> None:
@@ -124,6 +125,7 @@ def test_the_held_out_prompts_are_not_in_the_training_prompts_and_end_in_a_gener
     assert text.endswith("<|im_start|>assistant\n") and "What is the capital of Germany?" in text
 
 
+@pytest.mark.slow  # the demo model
 def test_a_stub_draft_that_copies_the_target_is_accepted_fully_every_round_but_the_last(
     target: Target, prompts: list[list[int]], greedy: list[list[int]]
 ) -> None:
@@ -137,6 +139,7 @@ def test_a_stub_draft_that_copies_the_target_is_accepted_fully_every_round_but_t
     assert r.accepted_histogram[STEPS] >= full_rounds > 0
 
 
+@pytest.mark.slow  # the demo model
 def test_a_stub_draft_that_is_always_wrong_gives_acceptance_length_one(
     target: Target, prompts: list[list[int]], greedy: list[list[int]]
 ) -> None:
@@ -147,6 +150,7 @@ def test_a_stub_draft_that_is_always_wrong_gives_acceptance_length_one(
     assert [p.reached for p in r.positions[1:]] == [0] * (STEPS - 1)
 
 
+@pytest.mark.slow  # the demo model
 def test_a_stub_draft_right_for_two_positions_gets_three_tokens_per_round_and_per_position_rates_add_up(
     target: Target, prompts: list[list[int]], greedy: list[list[int]]
 ) -> None:
@@ -192,6 +196,7 @@ def test_the_eagle_drafters_cached_chain_computes_the_training_forwards_logits()
             assert drafter.propose(STEPS) == seq[n1:]
 
 
+@pytest.mark.slow  # the demo model
 def test_speculative_decoding_with_an_untrained_draft_equals_plain_greedy_and_writes_offline_json(
     demo_model: Path, tmp_path: Path
 ) -> None:
