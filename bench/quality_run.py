@@ -13,28 +13,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torch
+from quality_prompts import HELDOUT_TOPICS, TEMPLATES, TOPICS, build, write
 
-import torch  # noqa: E402
-from quality_prompts import HELDOUT_TOPICS, TEMPLATES, TOPICS, build, write  # noqa: E402
-
-from eagle3.chat import ChatTokenizer  # noqa: E402
-from eagle3.config import PipelineConfig  # noqa: E402
-from eagle3.convert import convert  # noqa: E402
-from eagle3.engines import build_engine  # noqa: E402
-from eagle3.evaluate.offline import load_eval_prompts, offline_acceptance, write_offline_result  # noqa: E402
-from eagle3.extract import extract_shard, open_run  # noqa: E402
-from eagle3.model_files import resolve_model  # noqa: E402
-from eagle3.prepare import prepare  # noqa: E402
-from eagle3.progress import Progress  # noqa: E402
-from eagle3.store import RunStore  # noqa: E402
-from eagle3.synthesize import synthesize  # noqa: E402
-from eagle3.train import Trainer, TrainJob  # noqa: E402
+from eagle3.chat import ChatTokenizer
+from eagle3.config import PipelineConfig
+from eagle3.convert import convert
+from eagle3.engines import build_engine
+from eagle3.evaluate.offline import load_eval_prompts, offline_acceptance, write_offline_result
+from eagle3.extract import extract_shard, open_run
+from eagle3.model_files import resolve_model
+from eagle3.prepare import prepare
+from eagle3.progress import Progress
+from eagle3.store import RunStore
+from eagle3.synthesize import synthesize
+from eagle3.train import Trainer, TrainJob
 
 
 def printer(every_s: float = 15.0) -> Any:
@@ -136,8 +133,8 @@ def main() -> None:
         results["offline_speedup"] = round(ev.speedup, 3)
     print(json.dumps({"result": results}), flush=True)
     last = results["train_last"]
-    print("\n| samples | tokens | steps | final loss | step-0 acc | acceptance (k=%d) | per-position | speed-up |"
-          % cfg.evaluate.draft_steps)  # fmt: skip
+    k = cfg.evaluate.draft_steps
+    print(f"\n| samples | tokens | steps | final loss | step-0 acc | acceptance (k={k}) | per-position | speed-up |")
     print("|---:|---:|---:|---:|---:|---:|---|---:|")
     print(f"| {results['samples']} | {results['tokens']} | {results['train_steps']} | {last.get('loss', 0):.3f} | "
           f"{last.get('step_acc', [0])[0]:.3f} | {results['acceptance_length']} | {results['position_rates']} | "
