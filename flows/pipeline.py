@@ -7,14 +7,11 @@ from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
-from tasks.artifacts import run_summary_task
+from flows.train import draft_stages
 from tasks.convert import convert_task
-from tasks.evaluate import evaluate_task, evaluation_outcome
-from tasks.export import export_task
 from tasks.model import resolve_model_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
-from tasks.train import train_task
 
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
@@ -34,10 +31,4 @@ def pipeline(config: PipelineConfig) -> str | State:
         extract_flow(config)
     if "convert" in config.stages:
         convert_task(config)
-    if "train" in config.stages:
-        train_task(config, model_dir)
-    if "export" in config.stages:
-        export_task(config, model_dir)
-    evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
-    run_summary_task(config)
-    return evaluation_outcome(evaluation) or config.run_dir
+    return draft_stages(config, model_dir) or config.run_dir  # train, export, evaluate, the run summary

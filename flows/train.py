@@ -17,16 +17,20 @@ from tasks.model import resolve_model_task
 from tasks.train import train_task
 
 
-@flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
-def train_flow(config: PipelineConfig) -> str | State:
-    """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
-    stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
-    live evaluation finds the draft slower than the plain target."""
-    model_dir = resolve_model_task(config)
+def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
+    """The train, export and evaluate stages listed in `config.stages`; Failed when the draft slows serving."""
     if "train" in config.stages:
         train_task(config, model_dir)
     if "export" in config.stages:
         export_task(config, model_dir)
     evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
     run_summary_task(config)
-    return evaluation_outcome(evaluation) or config.run_dir
+    return evaluation_outcome(evaluation)
+
+
+@flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+def train_flow(config: PipelineConfig) -> str | State:
+    """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
+    stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
+    live evaluation finds the draft slower than the plain target."""
+    return draft_stages(config, resolve_model_task(config)) or config.run_dir

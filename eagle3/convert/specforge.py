@@ -51,10 +51,9 @@ from eagle3.convert.store_writer import (
     PeerJob,
     PeerSample,
     finish_store,
-    imported_run_info,
+    import_into,
     peer_path,
     require_empty,
-    write_shards,
 )
 from eagle3.convert.vocab import read_vocab_map
 from eagle3.fsio import atomic_write_with, fsync_dir
@@ -255,14 +254,10 @@ def import_specforge(
         s.sample_id, s.source = job.sample_id, peer_path(src, job.path)
         return s
 
-    vocab = info.vocab_size if info else target.vocab_size  # type: ignore[union-attr]
-    summary = write_shards(store, shards, load, aux_layers=aux_layers, vocab_size=vocab,
-                           total=sum(len(s) for s in shards), workers=workers, report=report)  # fmt: skip
-    if info is None:
-        assert target is not None
-        info = imported_run_info(target, summary.dtype, summary.hidden_size, aux_layers, peer_ids, CONVENTION,
-                                 "sglang", summary.fingerprint, cfg, store)  # fmt: skip
-    cfg = cfg or PipelineConfig.model_validate({"run_dir": str(store.root), "model": info.model_path})
+    summary, info, cfg = import_into(
+        store, shards, load, info=info, target=target, aux_layers=aux_layers, peer_ids=peer_ids,
+        convention=CONVENTION, engine="sglang", cfg=cfg, workers=workers, report=report,
+    )  # fmt: skip
     result = ImportResult(
         peer=PEER, src_dir=str(src), run_dir=str(store.root), num_samples=summary.num_samples,
         num_tokens=summary.num_tokens, num_shards=len(summary.shard_samples), aux_layers=aux_layers,

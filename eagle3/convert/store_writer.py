@@ -185,6 +185,34 @@ def finish_store(
     atomic_write_json(store.root / "import.json", import_record)
 
 
+def import_into(
+    store: RunStore,
+    shards: list[list[PeerJob]],
+    load: Callable[[PeerJob], PeerSample | None],
+    *,
+    info: RunInfo | None,
+    target: TargetModel | None,
+    aux_layers: list[int],
+    peer_ids: list[int],
+    convention: str,
+    engine: str,
+    cfg: PipelineConfig | None,
+    workers: int,
+    report: ProgressFn,
+) -> tuple[StoreSummary, RunInfo, PipelineConfig]:
+    """Write the peer's samples, then the RunInfo (`info` when the peer carries one, else built from `target`)
+    and the config the store records: the shared tail of every importer, before its own ImportResult."""
+    vocab = info.vocab_size if info else target.vocab_size  # type: ignore[union-attr]
+    summary = write_shards(store, shards, load, aux_layers=aux_layers, vocab_size=vocab,
+                           total=sum(len(s) for s in shards), workers=workers, report=report)  # fmt: skip
+    if info is None:
+        assert target is not None
+        info = imported_run_info(target, summary.dtype, summary.hidden_size, aux_layers, peer_ids, convention,
+                                 engine, summary.fingerprint, cfg, store)  # fmt: skip
+    cfg = cfg or PipelineConfig.model_validate({"run_dir": str(store.root), "model": info.model_path})
+    return summary, info, cfg
+
+
 def peer_path(src: Path, path: Path) -> str:
     return str(path.relative_to(src)) if path.is_relative_to(src) else str(path)
 
