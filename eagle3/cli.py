@@ -301,10 +301,13 @@ def cmd_status(run_dir: Path) -> int:
 
 
 def print_lock(console: Console, run_dir: Path) -> None:
+    from eagle3.lease import live_leases
     from eagle3.lock import lock_state
 
     state = lock_state(run_dir)
     console.print(f"lock: {state.describe()}" if state else "lock: free (no run holds this directory)")
+    for path, lease in live_leases(run_dir):  # shards being extracted right now, by whom (docs/multinode.md)
+        console.print(f"lease {path.stem}: {lease.describe()}")
 
 
 def print_failed_shards(console: Console, store: RunStore, run_dir: Path) -> None:

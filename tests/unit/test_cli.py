@@ -13,6 +13,7 @@ import yaml
 from eagle3 import cli
 from eagle3.config import PipelineConfig
 from eagle3.extract import extract_shard
+from eagle3.lease import ShardLease
 from eagle3.lock import RunLock
 from eagle3.store import PreparedManifest, RunInfo, RunStore, SampleEntry, ShardManifest
 from eagle3.verify import QUARANTINE
@@ -78,6 +79,11 @@ def test_status_names_the_lock_holder_and_lists_failed_shards_with_their_log(
         assert cli.main(["status", str(store.root)]) == 0
     out = capsys.readouterr().out
     assert "(extract, flow run 3f2c-run)" in out and "alive" in out
+    with ShardLease(store.root, 1, flow_run_id="9e1d-run") as lease:
+        assert lease.try_acquire()
+        assert cli.main(["status", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "lease shard-00001: pid" in out and "(extract shard 1, flow run 9e1d-run)" in out
 
 
 def test_verify_exits_0_on_a_sound_store_and_1_after_quarantining_a_bad_file(
