@@ -19,6 +19,7 @@ from eagle3.evaluate.offline import (
     OfflineEvalResult,
     load_eval_prompts,
     offline_acceptance,
+    offline_dtype,
     write_offline_result,
 )
 from eagle3.export import default_export_dir, resolve_checkpoint
@@ -96,9 +97,10 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
     offline = previous_offline(config, len(prompts))
     if offline is None:
+        dtype = offline_dtype(ev, config.server.device, read_json(run_dir / "run.json")["dtype"])  # fp32 on CPU
         offline = offline_acceptance(
             model, run_dir / "train", run_dir, prompts, steps=ev.draft_steps, max_new_tokens=ev.max_new_tokens,
-            device=config.server.device, dtype=config.server.dtype, progress=report,
+            device=config.server.device, dtype=dtype, progress=report,
         )  # fmt: skip
         write_offline_result(run_dir, offline)
     else:

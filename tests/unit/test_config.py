@@ -18,9 +18,9 @@ def write(tmp_path: Path, tree: object) -> Path:
     return path
 
 
-def test_the_demo_config_loads_and_lists_prepare_synthesize_extract() -> None:
+def test_the_demo_config_loads_and_lists_every_stage() -> None:
     cfg = load_config(REPO / "configs" / "demo.yaml")
-    assert cfg.stages == ["prepare", "synthesize", "extract"]
+    assert cfg.stages == ["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
     assert cfg.model == "demo" and cfg.run_dir == "data/runs/demo"
     assert cfg.server.engine == "transformers" and cfg.server.device == "cpu"
     assert cfg.data.shard_size == 50 and cfg.data.dataset == "data/demo_prompts.jsonl"
