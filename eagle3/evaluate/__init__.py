@@ -1,1 +1,2 @@
-"""Evaluation of a trained draft: offline acceptance with the transformers target (offline.py)."""
+"""Evaluation of a trained draft: acceptance with the transformers target (offline.py) and speed served by
+SGLang against the plain server (live.py)."""
