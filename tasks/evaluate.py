@@ -41,21 +41,27 @@ class EvalSummary(BaseModel):
 def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
     off, live = s.offline, s.live
     rates = ", ".join(f"{p.rate:.2f}" if p.rate is not None else "-" for p in off.positions)
+    measured = live.eagle3 if live.status == "ok" and live.plain is not None else None
     lines = [
-        f"# Evaluation of `{default_export_dir(Path(config.run_dir)).resolve()}`",
+        "## Evaluation of the draft",
         "",
-        f"{off.num_prompts} held-out prompts (`{config.evaluate.dataset}`), {off.max_new_tokens} new tokens, "
-        f"greedy, {off.steps}-token chain.",
+        f"`{default_export_dir(Path(config.run_dir)).resolve()}`: {off.num_prompts} held-out prompts "
+        f"(`{config.evaluate.dataset}`), {off.max_new_tokens} new tokens, greedy, {off.steps}-token chain.",
         "",
-        "| | acceptance length | per-position acceptance | tokens/s draft vs plain | speed-up |",
-        "|---|---:|---|---:|---:|",
-        f"| offline ({off.label}) | {off.acceptance_length:.3f} | {rates} | "
-        f"{off.speculative_tokens_per_s:.1f} vs {off.greedy_tokens_per_s:.1f} | {off.speedup:.2f}x |",
+        "| | acceptance length | per position | speed-up |",
+        "|---|---:|---|---:|",
+        f"| offline | {off.acceptance_length:.3f} | {rates} | {off.speedup:.2f}x |",
     ]
-    if live.status == "ok" and live.eagle3 is not None and live.plain is not None:
+    if measured is not None:
+        lines.append(f"| live (SGLang, {live.device}) | {live.accept_length or 0:.3f} | | {live.speed_up or 0:.2f}x |")
+    lines += [
+        "",
+        f"Offline ({off.label}): {off.speculative_tokens_per_s:.1f} tokens/s with the draft, "
+        f"{off.greedy_tokens_per_s:.1f} without; the target in {off.dtype}.",
+    ]
+    if measured is not None and live.plain is not None:
         lines.append(
-            f"| live (SGLang, {live.device}) | {live.accept_length or 0:.3f} | | "
-            f"{live.eagle3.tokens_per_s:.1f} vs {live.plain.tokens_per_s:.1f} | {live.speed_up or 0:.2f}x |"
+            f"Live: {measured.tokens_per_s:.1f} tokens/s with the draft, {live.plain.tokens_per_s:.1f} without."
         )
     lines += ["", f"**Live:** {live.summary}" if live.status == "ok" else f"Live: {live.summary}"]
     if off.identical_to_greedy != off.num_prompts:

@@ -1,0 +1,53 @@
+"""The evaluation's verdict: a live speed-up below 1.0 is flagged in the artifact and fails the flow run; the
+numbers in the artifact are the results' own. Results are built by hand (no model runs here)."""
+
+from __future__ import annotations
+
+from eagle3.config import PipelineConfig
+from eagle3.evaluate.live import LiveEvalResult, ServerRun
+from eagle3.evaluate.offline import OfflineEvalResult, PositionStats
+from tasks.evaluate import EvalSummary, evaluation_markdown, evaluation_outcome
+
+
+def offline() -> OfflineEvalResult:
+    return OfflineEvalResult(
+        model_dir="m", checkpoint="c", aux_layers=[2, 15, 27], steps=3, max_new_tokens=32, device="cuda:0",
+        dtype="bfloat16", torch_threads=1, num_prompts=4, rounds=40, accepted_tokens=52, generated_tokens=92,
+        acceptance_length=2.3, tokens_per_verify=2.3, accepted_histogram=[10, 10, 12, 8],
+        positions=[PositionStats(position=1, reached=40, accepted=30, rate=0.75),
+                   PositionStats(position=2, reached=30, accepted=20, rate=2 / 3),
+                   PositionStats(position=3, reached=20, accepted=8, rate=0.4)],
+        identical_to_greedy=4, mismatched_prompts=[], greedy_tokens_per_s=100.0, speculative_tokens_per_s=150.0,
+        speedup=1.5, greedy_s=1.0, speculative_s=0.7, elapsed_s=2.0, per_prompt=[],
+    )  # fmt: skip
+
+
+def live(speed_up: float) -> LiveEvalResult:
+    def run(label: str, tps: float) -> ServerRun:
+        return ServerRun.model_validate(
+            {"label": label, "completion_tokens": 100, "seconds": 100 / tps, "tokens_per_s": tps, "prompts": []}
+        )
+
+    flag = speed_up < 1.0
+    return LiveEvalResult(
+        status="ok", device="cuda", draft_dir="d", model_dir="m", num_prompts=4, max_new_tokens=32,
+        speculative={"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}, plain=run("plain", 100.0),
+        eagle3=run("eagle3", 100.0 * speed_up), speed_up=speed_up, accept_length=1.4, flag=flag,
+        summary=("FLAGGED: the draft makes serving SLOWER. " if flag else "") + f"{speed_up:.2f}x",
+    )  # fmt: skip
+
+
+def test_a_draft_slower_than_the_plain_server_is_flagged_and_fails_the_run() -> None:
+    summary = EvalSummary(offline=offline(), live=live(0.66))
+    text = evaluation_markdown(PipelineConfig(), summary)
+    assert text.startswith("> **FLAGGED") and "| live (SGLang, cuda) | 1.400 | | 0.66x |" in text
+    state = evaluation_outcome(summary)
+    assert state is not None and state.is_failed() and "slower" in (state.message or "")
+
+
+def test_a_faster_draft_passes_and_the_table_carries_its_numbers() -> None:
+    summary = EvalSummary(offline=offline(), live=live(1.8))
+    text = evaluation_markdown(PipelineConfig(), summary)
+    assert "FLAGGED" not in text and evaluation_outcome(summary) is None
+    assert "| offline | 2.300 | 0.75, 0.67, 0.40 | 1.50x |" in text and "| 1.80x |" in text
+    assert "180.0 tokens/s with the draft, 100.0 without" in text
