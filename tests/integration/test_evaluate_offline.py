@@ -17,17 +17,8 @@ from eagle3.config import EvaluateConfig
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend
-from eagle3.evaluate.offline import (
-    EagleDrafter,
-    OfflineEvalResult,
-    Target,
-    evaluate_offline,
-    greedy_decode,
-    load_eval_prompts,
-    load_target,
-    speculative_decode,
-    summarize,
-)
+from eagle3.evaluate.decode import EagleDrafter, Target, greedy_decode, speculative_decode
+from eagle3.evaluate.offline import OfflineEvalResult, evaluate_offline, load_eval_prompts, load_target, summarize
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.store import RunInfo
 
