@@ -4,17 +4,11 @@
 expected count, errors and per-sample entries (token count, bytes, crc32), and per sample the sha256 of its file
 (header, ids, mask and hidden states: one changed bit changes it). Timestamps (`updated_at`, run.json's
 `created_at`) and run.json's config (which names the servers) are left out on purpose.
-
-`exact=False` compares the header as parsed JSON instead of its bytes, and leaves out the crc32 (a checksum of
-those bytes): files the SGLang hook writes carry the same keys in an order that varies from one server process
-to the next (safetensors' `save` keeps metadata in a hash map), with every tensor byte the same.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +18,15 @@ from eagle3.sample_format import read_sample
 from eagle3.store import RunStore
 
 
-def digest(path: Path, *, exact: bool = True) -> str:
-    """sha256 of the file; with exact=False of its header re-serialised with sorted keys, then its data."""
-    data = path.read_bytes()
-    if not exact:
-        n = struct.unpack("<Q", data[:8])[0]
-        header = json.dumps(json.loads(data[8 : 8 + n]), sort_keys=True).encode()
-        data = header + data[8 + n :]
-    return hashlib.sha256(data).hexdigest()
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def store_contents(store: RunStore, *, exact: bool = True) -> dict[int, dict[str, Any]]:
+def store_contents(store: RunStore) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for m in store.manifests():
-        files = {sid: digest(store.sample_path(m.shard, sid), exact=exact) for sid in sorted(m.samples)}
-        entries = {sid: e.model_dump(exclude=None if exact else {"crc32"}) for sid, e in sorted(m.samples.items())}
+        files = {sid: digest(store.sample_path(m.shard, sid)) for sid in sorted(m.samples)}
+        entries = {sid: e.model_dump() for sid, e in sorted(m.samples.items())}
         out[m.shard] = {
             "status": m.status,
             "expected": m.expected,

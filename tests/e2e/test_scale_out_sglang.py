@@ -1,11 +1,11 @@
 """Two real SGLang servers (CPU) launched by one extract flow run fill one run directory, each with its own shards,
 and the store holds the same samples with bit-identical tensors and the same headers as the one a single launched
-SGLang server made (real Prefect server).
+SGLang server made, byte for byte (real Prefect server).
 
 Bit-identical tensors hold for SGLang because every request is prefilled alone (window 1, no radix cache): the
-same sample goes through the same kernels with the same shapes on either server. The files are not byte-identical:
-the hook's header lists its metadata keys in an order that varies per server process (tests/store_compare.py,
-exact=False), so their crc32 differ too. Three server start-ups (about a minute each on two cores): one for the
+same sample goes through the same kernels with the same shapes on either server. The files are byte-identical too:
+the sample encoder writes its header in one order in every process (safetensors' own `save` did not). Three
+server start-ups (about a minute each on two cores): one for the
 reference, two at once for the scaled-out run.
 """
 
@@ -82,7 +82,7 @@ def test_two_launched_sglang_servers_fill_one_run_with_bit_identical_tensors_and
     two = pipeline(load_config(write_config(tmp_path, tmp_path / "two", servers)), return_state=True)
     assert two.is_completed(), two.message
     store = RunStore(tmp_path / "two")
-    assert store_contents(store, exact=False) == store_contents(reference, exact=False)
+    assert store_contents(store) == store_contents(reference)
     logs = sorted(p.parent.name for p in (store.root / "server").glob("*/sglang.log"))
     assert [name.rsplit("-", 1)[1] for name in logs] == [str(PORTS[1]), str(PORTS[2])]  # one log each
     by_server = {p.parent.name for p in (store.root / "dump").glob("*/.plugin")}
