@@ -14,14 +14,7 @@ from pydantic import BaseModel
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live
-from eagle3.evaluate.offline import (
-    RESULT_FILE,
-    OfflineEvalResult,
-    load_eval_prompts,
-    offline_acceptance,
-    offline_dtype,
-    write_offline_result,
-)
+from eagle3.evaluate.offline import RESULT_FILE, OfflineEvalResult, evaluate_offline, load_eval_prompts
 from eagle3.export import default_export_dir, resolve_checkpoint
 from eagle3.fsio import read_json
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
@@ -103,12 +96,9 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
     offline = previous_offline(config, len(prompts))
     if offline is None:
-        dtype = offline_dtype(ev, config.server.device, read_json(run_dir / "run.json")["dtype"])  # fp32 on CPU
-        offline = offline_acceptance(
-            model, run_dir / "train", run_dir, prompts, steps=ev.draft_steps, max_new_tokens=ev.max_new_tokens,
-            device=config.server.device, dtype=dtype, progress=report,
-        )  # fmt: skip
-        write_offline_result(run_dir, offline)
+        offline = evaluate_offline(
+            ev, run_dir, model, run_dir / "train", prompts=prompts, device=config.server.device, progress=report
+        )
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
     logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)

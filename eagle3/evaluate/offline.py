@@ -305,14 +305,16 @@ def evaluate_offline(
     model_dir: Path,
     checkpoint: Path,
     *,
+    prompts: Sequence[Sequence[int]] | None = None,
     device: str = "auto",
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
-    """The evaluate stage's offline part: held-out prompts from cfg.dataset, the target in cfg.offline_dtype,
-    the result written to <run_dir>/eval/offline.json."""
+    """The evaluate stage's offline part: held-out prompts (`prompts`, else read from cfg.dataset), the target in
+    cfg.offline_dtype, the result written to <run_dir>/eval/offline.json."""
     info = RunInfo.model_validate(read_json(Path(run_dir) / "run.json"))
-    chat = ChatTokenizer.from_model_dir(Path(model_dir))
-    prompts = load_eval_prompts(Path(cfg.dataset), chat, limit=cfg.num_prompts)
+    if prompts is None:
+        chat = ChatTokenizer.from_model_dir(Path(model_dir))
+        prompts = load_eval_prompts(Path(cfg.dataset), chat, limit=cfg.num_prompts)
     result = offline_acceptance(
         model_dir,
         checkpoint,
