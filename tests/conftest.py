@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,17 @@ def demo_tokenizer(demo_model: Path):  # type: ignore[no-untyped-def]
 
 # In CI the SGLang and browser tiers must run: a skip there (environment missing) is a failure.
 _MUST_RUN_IN_CI = ("sglang", "ui")
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """Two shared cores: intra-op threads fighting loader threads (or each other) make CPU model tests 10x slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -5,7 +5,6 @@ output) gets right. The EAGLE-3 drafter's cached chain is checked against the tr
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,19 +21,13 @@ from eagle3.evaluate.offline import OfflineEvalResult, evaluate_offline, load_ev
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.store import RunInfo
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 EVAL_PROMPTS = REPO / "data" / "demo_eval_prompts.jsonl"
 AUX = [2, 15, 27]
 STEPS = 3
 MAX_NEW = 20
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,10 @@ from eagle3.draft.synthetic import SyntheticSpec, write_run
 from eagle3.sample_format import encode_sample, read_sample, write_sample
 from eagle3.train import NonFiniteLossError, Trainer, TrainJob, write_job
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 REPO = Path(__file__).resolve().parents[2]
 SPEC = SyntheticSpec(lengths=tuple([24, 40, 33, 17, 48, 29, 36, 21] * 4))
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Two shared cores: intra-op threads fighting the loader threads make these tests 10x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
