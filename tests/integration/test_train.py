@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from eagle3.draft.loss import target_distribution, ttt_loss
 from eagle3.draft.synthetic import SyntheticSpec, write_run
 from eagle3.sample_format import encode_sample, read_sample, write_sample
 from eagle3.train import NonFiniteLossError, Trainer, TrainJob, write_job
+from eagle3.train_launch import read_metrics
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,8 +42,8 @@ def job(store: Path, out: Path, **train: object) -> TrainJob:
 
 
 def metrics(out: Path) -> dict[int, dict]:
-    """The last record of each step (a resumed run rewrites the steps after its checkpoint)."""
-    return {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}
+    """The last record of each step, by step (eagle3.train_launch.read_metrics)."""
+    return {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
 
 
 def test_a_few_training_steps_lower_the_loss_and_raise_step0_accuracy(store: Path, tmp_path: Path) -> None:
