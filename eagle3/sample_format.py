@@ -26,8 +26,8 @@ from eagle3.fsio import atomic_write_bytes, atomic_write_parts
 
 FORMAT = "eagle3-sample/1"
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state")
-_ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
-_DTYPE_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
+_DTYPE_NAMES = {v: k for k, v in ST_DTYPES.items()}
 MAX_HEADER = 1 << 20
 
 

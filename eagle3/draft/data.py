@@ -13,6 +13,7 @@ step needs nothing but (epoch, rows consumed).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
@@ -26,7 +27,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from eagle3.sample_format import KEYS, SampleFormatError
+from eagle3.sample_format import KEYS, ST_DTYPES, SampleFormatError, read_header
 
 INDEX_FILE = "index.arrow"
 VOCAB_FILE = "vocab_map.safetensors"
@@ -119,24 +120,75 @@ class PackedBatch:
                 v.record_stream(stream)
 
 
-def read_sample(path: Path, max_tokens: int) -> dict[str, Tensor]:
-    """The four tensors of a sample file through a memory map, cut to max_tokens rows."""
+@dataclass(frozen=True)
+class SampleLayout:
+    """Where a sample file's tensors lie: absolute byte offset of each tensor's data, and its shape."""
+
+    path: Path
+    num_tokens: int
+    dtype: torch.dtype  # of the hidden states
+    shapes: dict[str, tuple[int, ...]]
+    offsets: dict[str, int]
+
+
+def read_layout(path: Path) -> SampleLayout:
+    """The header of a sample file (one small read), checked for the four keys and their token counts."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            if set(f.keys()) != set(KEYS):
-                raise DataError(f"{path}: keys {sorted(f.keys())}, expected {sorted(KEYS)}")
-            return {k: f.get_slice(k)[:max_tokens] for k in KEYS}
-    except (OSError, SampleFormatError) as e:
-        raise DataError(f"{path}: cannot read sample ({e})") from None
+        header, n, size = read_header(path)
+    except SampleFormatError as e:
+        raise DataError(str(e)) from None
+    header.pop("__metadata__", None)
+    if set(header) != set(KEYS):
+        raise DataError(f"{path}: keys {sorted(header)}, expected {sorted(KEYS)}; re-run extract for this sample")
+    shapes = {k: tuple(header[k]["shape"]) for k in KEYS}
+    t = shapes["input_ids"][0] if shapes["input_ids"] else 0
+    dtypes = {k: ST_DTYPES.get(header[k]["dtype"]) for k in KEYS}
+    end = max(header[k]["data_offsets"][1] for k in KEYS)
+    if (
+        dtypes["input_ids"] != torch.int64
+        or dtypes["loss_mask"] != torch.uint8
+        or dtypes["aux_hidden_states"] is None
+        or dtypes["aux_hidden_states"] != dtypes["last_hidden_state"]
+        or len(shapes["aux_hidden_states"]) != 3
+        or shapes["loss_mask"] != (t,)
+        or shapes["aux_hidden_states"][0] != t
+        or shapes["last_hidden_state"] != (t, shapes["aux_hidden_states"][2])
+        or size != 8 + n + end
+    ):
+        raise DataError(f"{path}: not a complete sample file ({size} bytes, header {header}); re-run extract")
+    dtype = dtypes["aux_hidden_states"]
+    assert dtype is not None
+    return SampleLayout(path, t, dtype, shapes, {k: 8 + n + header[k]["data_offsets"][0] for k in KEYS})
 
 
-def pack(samples: list[dict[str, Tensor]], batch_tokens: int, pin: bool = False) -> PackedBatch:
-    """Concatenate samples into one row padded to batch_tokens."""
-    n = sum(len(s["input_ids"]) for s in samples)
+def _pread_into(fd: int, offset: int, dst: Tensor, where: Path) -> None:
+    """Fill the contiguous CPU tensor `dst` with the file's bytes at `offset`. os.preadv releases the GIL for
+    the read (and its page faults), so loader threads never stall the training loop's host work."""
+    view = dst.view(-1).view(torch.uint8).numpy().data
+    done = 0
+    while done < len(view):
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise DataError(f"{where}: file ended after {done} of {len(view)} bytes at offset {offset}; re-run extract")
+        done += got
+
+
+def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedBatch:
+    """The samples at `paths` packed into one row of exactly batch_tokens tokens (each cut to batch_tokens),
+    read straight from the files into the row's (pinned) buffers: no intermediate copy."""
+    layouts = [read_layout(p) for p in paths]
+    counts = [min(lay.num_tokens, batch_tokens) for lay in layouts]
+    n = sum(counts)
     if n > batch_tokens:
         raise DataError(f"{n} tokens do not fit in train.batch_tokens={batch_tokens}")
-    k, h = samples[0]["aux_hidden_states"].shape[1:]
-    dtype = samples[0]["aux_hidden_states"].dtype
+    _, k, h = layouts[0].shapes["aux_hidden_states"]
+    dtype = layouts[0].dtype
+    for lay in layouts[1:]:
+        if lay.shapes["aux_hidden_states"][1:] != (k, h) or lay.dtype != dtype:
+            raise DataError(
+                f"{lay.path}: hidden states {lay.dtype}{list(lay.shapes['aux_hidden_states'][1:])}, but "
+                f"{layouts[0].path} has {dtype}{[k, h]}; one run holds one model's states"
+            )
     out = PackedBatch(
         input_ids=torch.zeros(batch_tokens, dtype=torch.int64, pin_memory=pin),
         loss_mask=torch.zeros(batch_tokens, dtype=torch.uint8, pin_memory=pin),
@@ -144,16 +196,26 @@ def pack(samples: list[dict[str, Tensor]], batch_tokens: int, pin: bool = False)
         last_hidden=torch.empty(batch_tokens, h, dtype=dtype, pin_memory=pin),
         positions=torch.zeros(batch_tokens, dtype=torch.int64, pin_memory=pin),
         remaining=torch.zeros(batch_tokens, dtype=torch.int64, pin_memory=pin),
-        doc=torch.full((batch_tokens,), len(samples), dtype=torch.int32, pin_memory=pin),
+        doc=torch.full((batch_tokens,), len(paths), dtype=torch.int32, pin_memory=pin),
         num_tokens=n,
     )
+    dst = {
+        "input_ids": out.input_ids,
+        "loss_mask": out.loss_mask,
+        "aux_hidden_states": out.aux_hidden,
+        "last_hidden_state": out.last_hidden,
+    }
     a = 0
-    for d, s in enumerate(samples):
-        t = len(s["input_ids"])
-        out.input_ids[a : a + t] = s["input_ids"]
-        out.loss_mask[a : a + t] = s["loss_mask"]
-        out.aux_hidden[a : a + t] = s["aux_hidden_states"]
-        out.last_hidden[a : a + t] = s["last_hidden_state"]
+    for d, (lay, t) in enumerate(zip(layouts, counts, strict=True)):
+        try:
+            fd = os.open(lay.path, os.O_RDONLY)
+        except OSError as e:
+            raise DataError(f"{lay.path}: cannot read sample ({e})") from None
+        try:
+            for key in KEYS:  # row-major [T, ...]: the first t rows are the first bytes
+                _pread_into(fd, lay.offsets[key], dst[key][a : a + t], lay.path)
+        finally:
+            os.close(fd)
         out.positions[a : a + t] = torch.arange(t)
         out.remaining[a : a + t] = torch.arange(t - 1, -1, -1)
         out.doc[a : a + t] = d
@@ -204,8 +266,7 @@ class BatchStream:
         return len(self.plan(epoch)) // self.world
 
     def _load(self, row: list[int]) -> PackedBatch:
-        samples = [read_sample(self.samples[i].path, self.batch_tokens) for i in row]
-        return pack(samples, self.batch_tokens, pin=self.device.type == "cuda")
+        return read_row([self.samples[i].path for i in row], self.batch_tokens, pin=self.device.type == "cuda")
 
     def _rows(self, start: DataPosition) -> Iterator[tuple[DataPosition, list[int]]]:
         epoch, rows = start.epoch, start.rows - start.rows % self.world
