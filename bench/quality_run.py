@@ -70,6 +70,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--batch-tokens", type=int, default=16384)
     ap.add_argument("--draft-steps", type=int, default=3)
+    ap.add_argument("--synth-batch", type=int, default=256, help="prompts generated together (GPU)")
+    ap.add_argument("--checkpoint-every", type=int, default=200, help="steps; a killed run resumes from the last")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: fp32, dense attention, few steps")
     args = ap.parse_args()
     root: Path = args.root
@@ -83,11 +85,11 @@ def main() -> None:
             "data_dir": str(root / "data"),
             "stages": ["prepare", "synthesize", "extract", "convert", "train", "evaluate"],
             "data": {"dataset": str(root / "prompts" / "train.jsonl"), "max_length": 1024, "shard_size": 1000},
-            "synthesize": {"max_new_tokens": args.max_new_tokens, "batch_size": 256 if cuda else 8},
+            "synthesize": {"max_new_tokens": args.max_new_tokens, "batch_size": args.synth_batch if cuda else 8},
             "server": {"engine": "transformers", "device": "cuda" if cuda else "cpu",
                        "batch_tokens": 65536 if cuda else 4096},
             "train": {"epochs": args.epochs, "lr": args.lr, "warmup_steps": 20, "ttt_steps": args.ttt_steps,
-                      "batch_tokens": args.batch_tokens, "log_every": 20, "checkpoint_every": 200,
+                      "batch_tokens": args.batch_tokens, "log_every": 20, "checkpoint_every": args.checkpoint_every,
                       "min_lr_ratio": 0.1, "precision": "auto" if cuda else "fp32",
                       **({"max_steps": 4, "batch_tokens": 512} if args.tiny else {})},
             "evaluate": {"dataset": str(root / "prompts" / "heldout.jsonl"), "num_prompts": args.heldout,
