@@ -34,6 +34,18 @@ class UnsupportedSGLang(RuntimeError):
 def load_plugin() -> None:
     from eagle3 import dump_protocol as proto
 
+    # Opt-in, independent of the hook below: EAGLE3_CPU_SPEC=1 installs the CPU fallback that lets SGLang
+    # serve EAGLE3 chain drafting with --device cpu (server_patch/cpu_spec.py). Without the switch it is
+    # never imported. A failure is logged and re-raised; SGLang then fails as it would without it.
+    if os.environ.get("EAGLE3_CPU_SPEC") == "1":
+        from server_patch import cpu_spec
+
+        try:
+            cpu_spec.install()
+        except Exception as e:
+            log.error("eagle3 cpu_spec refused to load: %s", e)
+            raise
+
     raw = os.environ.get(proto.ENV_DUMP_DIR)
     if not raw:
         return
