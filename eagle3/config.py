@@ -27,9 +27,7 @@ class DataConfig(StrictModel):
         "Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
     )
     split: str = Field("train", description="Split to read when `dataset` is a saved DatasetDict.")
-    format: Literal["auto", "sharegpt", "openai"] = Field(
-        "auto", description="Row schema; `auto` detects it per row."
-    )
+    format: Literal["auto", "sharegpt", "openai"] = Field("auto", description="Row schema; `auto` detects it per row.")
     max_length: int = Field(2048, gt=8, le=1_048_576, description="Longest sample in tokens.")
     truncate: bool = Field(
         False, description="Cut samples longer than max_length instead of reporting them as bad rows."
@@ -231,8 +229,15 @@ class EvaluateConfig(StrictModel):
     # live evaluation (eagle3/evaluate/live.py) -------------------------------------------------
     live: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Serve the exported draft with SGLang EAGLE3 and time it against the plain server. `auto`: on "
-        "CUDA only (SGLang 0.5.23 cannot serve EAGLE3 on a CPU without AMX, docs/sglang.md). `on`: try anyway.",
+        description="Serve the exported draft with SGLang EAGLE3 and time it against the plain server (on CPU "
+        "through the plugin's chain-drafting fallback, docs/sglang.md). `auto`: when server.python (the SGLang "
+        "environment) exists. `on`: always (a missing environment is an error). `off`: never.",
+    )
+    fail_on_slowdown: bool = Field(
+        True,
+        description="A live speed-up below 1.0 is always flagged in the summary and the evaluation artifact; with "
+        "this on it also ends the flow run Failed. Turn it off only where serving speed is not the point (the CPU "
+        "demo: a 135M target on SGLang's CPU path).",
     )
     eagle_topk: int = Field(1, ge=1, le=64, description="SGLang --speculative-eagle-topk (1 = a chain).")
     num_draft_tokens: int | None = Field(

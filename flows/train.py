@@ -25,7 +25,7 @@ def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
         export_task(config, model_dir)
     evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
     run_summary_task(config)
-    return evaluation_outcome(evaluation)
+    return evaluation_outcome(config, evaluation)
 
 
 @flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)

@@ -14,8 +14,11 @@ Phases, each returning its stats:
 
 The draft server runs first, so a draft SGLang cannot serve is found before the plain run is spent. A
 speed-up below 1.0 sets `flag` and a loud `summary`: a draft that slows serving down must not pass quietly.
-On CPU, SGLang 0.5.23 cannot serve EAGLE3 (docs/sglang.md): `evaluate.live: auto` skips there without
-launching anything, and a launch that fails with those known errors gives status "unsupported", not a crash.
+On CPU, stock SGLang 0.5.23 cannot serve EAGLE3 (docs/sglang.md); the EAGLE3 server is started there with
+EAGLE3_CPU_SPEC=1, which makes our plugin supply what is missing for chain drafting (server_patch/cpu_spec.py;
+eagle_topk 1 only). `evaluate.live: auto` skips, without launching anything, when there is no SGLang
+environment; a launch that fails with the known "cannot serve EAGLE3 here" errors gives status "unsupported",
+not a crash.
 """
 
 from __future__ import annotations
@@ -37,11 +40,15 @@ from eagle3.store import now
 LIVE_FORMAT = "eagle3-eval-live/1"
 RESULT_FILE = Path("eval") / "live.json"
 WARMUP_TOKENS = 8
-#: Log lines by which SGLang 0.5.23 says it cannot run EAGLE3 on this machine (docs/sglang.md).
+#: The plugin's switch for EAGLE3 on a CPU server (server_patch/cpu_spec.py).
+CPU_SPEC_ENV = "EAGLE3_CPU_SPEC"
+#: Log lines by which SGLang 0.5.23 (or the plugin's CPU fallback) says it cannot run EAGLE3 here (docs/sglang.md).
 UNSUPPORTED_SIGNS = (
     "EAGLE is not supported in",
     "no attribute 'copy_all_layer_kv_cache_cpu'",
     "object has no attribute 'verify_tree_greedy_cpu'",
+    "eagle3 cpu_spec drafts chains only",
+    "eagle3 cpu_spec refused to load",
 )
 
 
@@ -249,6 +256,28 @@ def unsupported_reason(error: ServerError) -> str | None:
     return None
 
 
+def skip_reason(evaluate: EvaluateConfig, server: ServerConfig, device: str) -> str | None:
+    """Why the live evaluation is not run here, or None."""
+    if evaluate.live == "off":
+        return "evaluate.live is off"
+    if evaluate.live == "auto" and not Path(server.python).exists():
+        return (
+            f"evaluate.live is auto and there is no SGLang environment at server.python={server.python} (build it "
+            "with `make sglang-env`, i.e. deploy/sglang_env.sh)"
+        )
+    if device == "cpu" and evaluate.eagle_topk != 1:
+        return (
+            f"evaluate.eagle_topk is {evaluate.eagle_topk}: on CPU, SGLang serves EAGLE3 through server_patch/"
+            "cpu_spec.py, which drafts chains only (eagle_topk 1)"
+        )
+    return None
+
+
+def eagle3_env(device: str) -> dict[str, str]:
+    """Environment of the EAGLE3 server: on CPU, the plugin's switch that makes SGLang able to serve it."""
+    return {CPU_SPEC_ENV: "1"} if device == "cpu" else {}
+
+
 def evaluate_live(
     prompts: Sequence[Sequence[int]],
     *,
@@ -278,15 +307,7 @@ def evaluate_live(
         "max_new_tokens": evaluate.max_new_tokens,
         "speculative": spec,
     }
-    skip = None
-    if evaluate.live == "off":
-        skip = "evaluate.live is off"
-    elif evaluate.live == "auto" and device != "cuda":
-        skip = (
-            f"evaluate.live is auto and the server runs on {device}: SGLang 0.5.23 cannot serve EAGLE3 there "
-            "(no torch_native draft attention backend, no sgl_kernel CPU ops; docs/sglang.md). Set evaluate.live: "
-            "on for a CPU with AMX and SGLang's CPU kernels"
-        )
+    skip = skip_reason(evaluate, server, device)
     if skip is not None:
         return _write(
             run_dir, {**base, "status": "skipped", "reason": skip, "summary": f"live evaluation skipped: {skip}"}
@@ -294,14 +315,17 @@ def evaluate_live(
 
     counter = ProgressCounter("evaluate-live", total=2 * len(prompts), report=progress)
 
-    def serve(label: Literal["plain", "eagle3"], extra: list[str]) -> tuple[ServerRun, list[list[int]]]:
+    def serve(
+        label: Literal["plain", "eagle3"], extra: list[str], env: Mapping[str, str] | None = None
+    ) -> tuple[ServerRun, list[list[int]]]:
+        cfg = server.model_copy(update={"env": {**server.env, **(env or {})}})
         return serve_and_measure(
-            server, model_dir, extra, prompts, label=label, evaluate=evaluate,
+            cfg, model_dir, extra, prompts, label=label, evaluate=evaluate,
             log_dir=run_dir / "eval" / f"server-{label}", base_env=base_env, port=port, counter=counter,
         )  # fmt: skip
 
     try:
-        eagle3, eagle3_out = serve("eagle3", eagle3_cli_args(draft_dir, spec))
+        eagle3, eagle3_out = serve("eagle3", eagle3_cli_args(draft_dir, spec), eagle3_env(device))
     except ServerError as e:
         reason = unsupported_reason(e)
         if reason is None:

@@ -1,10 +1,11 @@
-"""The exported draft in real SGLang 0.5.23 on CPU.
+"""The exported draft in real SGLang 0.5.23 on CPU, at the loader.
 
-SGLang 0.5.23 cannot serve EAGLE3 on this CPU (docs/sglang.md: no torch_native draft attention backend, no
-sgl_kernel CPU ops), so the draft is proven at the loader: SGLang's own `get_model` (draft mode) loads the
-export in SGLang's interpreter (sglang_load_draft.py) and every weight it holds is compared with ours, with the
-vocab map, the RoPE it built from config.json, and the layers the target then captures. The live evaluation's
-request/response path is run against the real plain server.
+SGLang's own `get_model` (draft mode) loads the export in SGLang's interpreter (sglang_load_draft.py) and every
+weight it holds is compared with ours, with the vocab map, the RoPE it built from config.json, and the layers
+the target then captures; SGLang's draft forward is compared with our training forward. Stock SGLang 0.5.23
+(no plugin) cannot serve EAGLE3 on this CPU (docs/sglang.md); with our plugin's EAGLE3_CPU_SPEC=1 it can, and
+tests/integration/test_live_sglang_cpu.py serves the export live. The live evaluation's request/response path
+is run here against the real plain server.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def exported(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     out = root / "sglang_view.safetensors"
     cwd = root / "cwd"  # no server_patch folder here
     cwd.mkdir()
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1",
-           "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if k != "EAGLE3_CPU_SPEC"},  # stock SGLang: no CPU fallback
+           "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # fmt: skip
     proc = subprocess.run(
         [str(SGLANG_PYTHON), str(HERE / "sglang_load_draft.py"), "--draft", result.out_dir, "--target", str(demo_model),
          "--out", str(out), "--port", str(free_port()), "--inputs", str(root / "inputs.safetensors")],
@@ -177,13 +178,13 @@ def test_sglangs_draft_forward_matches_our_training_forward(
     assert float(token_errors(sglang, ours(swapped)).median()) > 0.5
 
 
-def test_sglang_cannot_serve_eagle3_on_this_cpu_for_want_of_a_draft_attention_backend(
+def test_stock_sglang_cannot_serve_eagle3_on_this_cpu_for_want_of_a_draft_attention_backend(
     exported: tuple[ExportResult, dict[str, Any]],
 ) -> None:
     errors = exported[1]["meta"]["backend_errors"]
     assert all(e is not None and "EAGLE is not supported in" in e for e in errors.values()), (
-        f"SGLang now builds EAGLE3 draft attention backends here ({errors}): serve the draft live on CPU "
-        "(evaluate.live auto in eagle3/evaluate/live.py, docs/sglang.md) and test it end to end"
+        f"stock SGLang now builds EAGLE3 draft attention backends on CPU ({errors}): the plugin's fallback "
+        "(server_patch/cpu_spec.py, EAGLE3_CPU_SPEC) may no longer be needed; see docs/sglang.md"
     )
 
 

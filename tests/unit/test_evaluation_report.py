@@ -1,5 +1,6 @@
-"""The evaluation's verdict: a live speed-up below 1.0 is flagged in the artifact and fails the flow run; the
-numbers in the artifact are the results' own. Results are built by hand (no model runs here)."""
+"""The evaluation's verdict: a live speed-up below 1.0 is flagged in the artifact and fails the flow run (unless
+evaluate.fail_on_slowdown is off, when it is still flagged); the numbers in the artifact are the results' own.
+Results are built by hand (no model runs here)."""
 
 from __future__ import annotations
 
@@ -41,13 +42,21 @@ def test_a_draft_slower_than_the_plain_server_is_flagged_and_fails_the_run() -> 
     summary = EvalSummary(offline=offline(), live=live(0.66))
     text = evaluation_markdown(PipelineConfig(), summary)
     assert text.startswith("> **FLAGGED") and "| live (SGLang, cuda) | 1.400 | | 0.66x |" in text
-    state = evaluation_outcome(summary)
+    state = evaluation_outcome(PipelineConfig(), summary)
     assert state is not None and state.is_failed() and "slower" in (state.message or "")
+
+
+def test_with_fail_on_slowdown_off_a_slower_draft_is_still_flagged_but_the_run_does_not_fail() -> None:
+    cfg = PipelineConfig.model_validate({"evaluate": {"fail_on_slowdown": False}})
+    summary = EvalSummary(offline=offline(), live=live(0.66))
+    text = evaluation_markdown(cfg, summary)
+    assert text.startswith("> **FLAGGED") and "evaluate.fail_on_slowdown is off" in text
+    assert evaluation_outcome(cfg, summary) is None
 
 
 def test_a_faster_draft_passes_and_the_table_carries_its_numbers() -> None:
     summary = EvalSummary(offline=offline(), live=live(1.8))
     text = evaluation_markdown(PipelineConfig(), summary)
-    assert "FLAGGED" not in text and evaluation_outcome(summary) is None
+    assert "FLAGGED" not in text and evaluation_outcome(PipelineConfig(), summary) is None
     assert "| offline | 2.300 | 0.75, 0.67, 0.40 | 1.50x |" in text and "| 1.80x |" in text
     assert "180.0 tokens/s with the draft, 100.0 without" in text

@@ -110,13 +110,23 @@ def draft_dir(tmp_path: Path) -> Path:
     return d
 
 
-def test_auto_on_cpu_skips_without_launching_and_records_why(tmp_path: Path) -> None:
+def test_auto_without_an_sglang_environment_skips_without_launching_and_says_how_to_build_it(tmp_path: Path) -> None:
     server = ServerConfig(engine="sglang", device="cpu", python=str(tmp_path / "no-such-python"))
     result = evaluate_live(PROMPTS, draft_dir=draft_dir(tmp_path), model_dir=tmp_path, run_dir=tmp_path,
                            server=server, evaluate=EvaluateConfig(), base_env={})  # fmt: skip
-    assert result.status == "skipped" and "cannot serve EAGLE3" in (result.reason or "")
+    assert result.status == "skipped" and "no SGLang environment" in (result.reason or "")
+    assert "make sglang-env" in (result.reason or "")
     assert result.flag is False and result.speed_up is None
     assert json.loads((tmp_path / "eval" / "live.json").read_text())["status"] == "skipped"
+
+
+def test_a_tree_draft_on_cpu_is_skipped_naming_the_chain_only_fallback(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("")
+    server = ServerConfig(engine="sglang", device="cpu", python=str(python))
+    result = evaluate_live(PROMPTS, draft_dir=draft_dir(tmp_path), model_dir=tmp_path, run_dir=tmp_path,
+                           server=server, evaluate=EvaluateConfig(eagle_topk=4), base_env={})  # fmt: skip
+    assert result.status == "skipped" and "eagle_topk is 4" in (result.reason or "")
 
 
 def test_a_fake_sglang_that_fails_with_the_cpu_error_gives_unsupported_not_a_crash(tmp_path: Path) -> None:
@@ -126,7 +136,7 @@ def test_a_fake_sglang_that_fails_with_the_cpu_error_gives_unsupported_not_a_cra
     (venv / "stub" / "libcuda.so.1").write_bytes(b"")
     python = venv / "bin" / "python"
     python.write_text(
-        "#!/bin/sh\necho 'Scheduler hit an exception: Traceback'\n"
+        "#!/bin/sh\necho \"switch=$EAGLE3_CPU_SPEC\"\necho 'Scheduler hit an exception: Traceback'\n"
         "echo 'ValueError: EAGLE is not supported in decode attention backend torch_native'\nexit 1\n"
     )
     python.chmod(0o755)
@@ -135,7 +145,8 @@ def test_a_fake_sglang_that_fails_with_the_cpu_error_gives_unsupported_not_a_cra
                            server=server, evaluate=EvaluateConfig(live="on"), base_env={})  # fmt: skip
     assert result.status == "unsupported" and result.plain is None
     assert result.reason == "ValueError: EAGLE is not supported in decode attention backend torch_native"
-    assert (tmp_path / "eval" / "server-eagle3" / "sglang.log").is_file()
+    log = (tmp_path / "eval" / "server-eagle3" / "sglang.log").read_text()
+    assert "switch=1" in log  # on CPU the EAGLE3 server gets the plugin's switch (server_patch/cpu_spec.py)
     assert not (tmp_path / "eval" / "server-plain").exists()  # the plain run is not spent on a draft that cannot run
 
 
