@@ -1,8 +1,8 @@
 """EAGLE-3 hidden-state hook for SGLang, loaded as a plugin (entry point group `sglang.srt.plugins`).
 
 SGLang calls `load_plugin()` early in every process it spawns (scheduler = TP worker, detokenizer,
-main). The plugin is inert unless EAGLE3_DUMP_DIR names a dump directory, so installing it never
-changes a plain server. With it set, it requires SGLang 0.5.23 (the capture-only mode and the
+main). The plugin is inert unless EAGLE3_DUMP_DIR names a dump directory (or EAGLE3_CPU_SPEC=1
+asks for the CPU speculative fallback), so installing it never changes a plain server. With it set, it requires SGLang 0.5.23 (the capture-only mode and the
 internals hook.py relies on) and otherwise refuses to load, saying which versions work.
 
 Environment (names in eagle3/dump_protocol.py):
@@ -11,6 +11,8 @@ Environment (names in eagle3/dump_protocol.py):
                        warm-up request also run the model and are never captured)
   EAGLE3_AUX_LAYERS    HF hidden_states indices the run expects, e.g. "2,15,27" (checked at start-up)
   EAGLE3_WRITER_QUEUE  finished requests waiting for the writer thread (default 8)
+  EAGLE3_CPU_SPEC      "1": on a CPU server, install cpu_spec.py, the fallback that lets SGLang serve EAGLE3
+                       chain drafting on CPU (the live evaluation sets it; independent of EAGLE3_DUMP_DIR)
 
 Install: deploy/sglang_env.sh (pip-installs deploy/server_patch_pkg with this package).
 """

@@ -1,4 +1,5 @@
-"""The one place that patches SGLang (0.5.23), through its own plugin HookRegistry.
+"""The hidden-state capture patch of SGLang (0.5.23), through its own plugin HookRegistry (cpu_spec.py is the
+other patch: EAGLE3 serving on CPU, opt-in).
 
 Two hooks on `sglang.srt.managers.tp_worker.TpModelWorker`:
 

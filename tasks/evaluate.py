@@ -15,9 +15,16 @@ from pydantic import BaseModel
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live
-from eagle3.evaluate.offline import RESULT_FILE, OfflineEvalResult, evaluate_offline, load_eval_prompts
+from eagle3.evaluate.offline import (
+    RESULT_FILE,
+    OfflineEvalResult,
+    evaluate_offline,
+    load_eval_prompts,
+    offline_dtype,
+)
 from eagle3.export import default_export_dir, resolve_checkpoint
 from eagle3.fsio import read_json
+from eagle3.store import RunInfo
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 
 EVALUATE_TIMEOUT_S = 6 * 3600
@@ -69,14 +76,17 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
 
 
 def previous_offline(config: PipelineConfig, num_prompts: int) -> OfflineEvalResult | None:
-    """eval/offline.json when it measured this checkpoint with these settings (a re-run does no work)."""
+    """eval/offline.json when it measured this checkpoint with these settings, target dtype included (a re-run
+    does no work)."""
     run_dir, ev = Path(config.run_dir), config.evaluate
     path = run_dir / RESULT_FILE
     if not path.is_file():
         return None
     old = OfflineEvalResult.model_validate(read_json(path))
-    now = (str(resolve_checkpoint(run_dir / "train")), ev.draft_steps, ev.max_new_tokens, num_prompts)
-    return old if (old.checkpoint, old.steps, old.max_new_tokens, old.num_prompts) == now else None
+    info = RunInfo.model_validate(read_json(run_dir / "run.json"))
+    dtype = offline_dtype(ev, config.server.device, info.dtype)
+    now = (str(resolve_checkpoint(run_dir / "train")), ev.draft_steps, ev.max_new_tokens, num_prompts, dtype)
+    return old if (old.checkpoint, old.steps, old.max_new_tokens, old.num_prompts, old.dtype) == now else None
 
 
 def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | None:

@@ -4,10 +4,14 @@ Results are built by hand (no model runs here)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 from eagle3.config import PipelineConfig
 from eagle3.evaluate.live import LiveEvalResult, ServerRun
-from eagle3.evaluate.offline import OfflineEvalResult, PositionStats
-from tasks.evaluate import EvalSummary, evaluation_markdown, evaluation_outcome
+from eagle3.evaluate.offline import OfflineEvalResult, PositionStats, write_offline_result
+from eagle3.store import RunInfo, RunStore
+from tasks.evaluate import EvalSummary, evaluation_markdown, evaluation_outcome, previous_offline
 
 
 def offline() -> OfflineEvalResult:
@@ -60,3 +64,24 @@ def test_a_faster_draft_passes_and_the_table_carries_its_numbers() -> None:
     assert "FLAGGED" not in text and evaluation_outcome(PipelineConfig(), summary) is None
     assert "| offline | 2.300 | 0.75, 0.67, 0.40 | 1.50x |" in text and "| 1.80x |" in text
     assert "180.0 tokens/s with the draft, 100.0 without" in text
+
+
+def test_a_stored_offline_result_is_reused_only_for_the_same_checkpoint_settings_and_target_dtype(
+    tmp_path: Path,
+) -> None:
+    ckpt = tmp_path / "train"  # resolve_checkpoint: a directory holding model.safetensors is the checkpoint
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"w")
+    RunStore(tmp_path).write_run_info(
+        RunInfo(model_path="m", model_sha256="s", tokenizer_sha256="t", engine="transformers", engine_version="0",
+                dtype="bfloat16", hidden_size=8, num_layers=4, vocab_size=32, aux_layers=[1, 2, 3],
+                engine_layer_ids=[1, 2, 3], engine_layer_convention="hf_hidden_states", dataset_fingerprint="d",
+                versions={}, config={})
+    )  # fmt: skip
+    write_offline_result(tmp_path, offline().model_copy(update={"checkpoint": str(ckpt), "dtype": "float32"}))
+    cpu: dict[str, Any] = {"run_dir": str(tmp_path), "server": {"device": "cpu"}}
+    same = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32}})
+    assert previous_offline(same, num_prompts=4) is not None  # offline_dtype auto on CPU = float32, as measured
+    bf16 = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32, "offline_dtype": "bfloat16"}})
+    assert previous_offline(bf16, num_prompts=4) is None
+    assert previous_offline(same, num_prompts=5) is None
