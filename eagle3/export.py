@@ -41,7 +41,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save
 
-from eagle3.draft.checkpoint import latest_checkpoint
+from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.model_files import model_fingerprint, sha256_file
@@ -51,7 +51,6 @@ from eagle3.store import RunInfo, now
 
 EXPORT_FORMAT = "eagle3-export/1"
 SPECULATORS_DIR = "speculators"
-WEIGHTS = "model.safetensors"
 
 
 class ExportError(ValueError):
@@ -90,20 +89,6 @@ class ExportResult(BaseModel):
 
 def default_export_dir(run_dir: Path) -> Path:
     return Path(run_dir) / "draft"
-
-
-def resolve_checkpoint(path: Path) -> Path:
-    """A step directory (holds model.safetensors), or a checkpoints root / training out_dir (its latest)."""
-    path = Path(path)
-    if (path / WEIGHTS).is_file():
-        return path
-    for root in (path, path / "checkpoints"):
-        found = latest_checkpoint(root)
-        if found is not None:
-            return found
-    raise ExportError(
-        f"{path}: no checkpoint here (neither <step dir>/{WEIGHTS} nor a checkpoints/ root with a complete step-*)"
-    )
 
 
 def sglang_config(cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]:
@@ -240,7 +225,10 @@ def export_draft(
     checkpoint: a step directory, or a checkpoints root / training out_dir (its latest complete step).
     run_dir: the store the draft was trained on (run.json: aux layers). model_dir: the target model.
     speculative_tokens: the chain length written into the speculators config and the serve arguments."""
-    ckpt = resolve_checkpoint(Path(checkpoint))
+    try:
+        ckpt = resolve_checkpoint(Path(checkpoint))
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
     run_dir, model_dir, out_dir = Path(run_dir), Path(model_dir), Path(out_dir)
     counter = ProgressCounter("export", total=3, report=progress, every_s=0.0)  # load+check, SGLang dir, speculators
     info = RunInfo.model_validate(read_json(run_dir / "run.json"))

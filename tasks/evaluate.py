@@ -14,6 +14,7 @@ from pydantic import BaseModel
 
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
+from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live
 from eagle3.evaluate.offline import (
     RESULT_FILE,
@@ -22,7 +23,7 @@ from eagle3.evaluate.offline import (
     load_eval_prompts,
     offline_dtype,
 )
-from eagle3.export import default_export_dir, resolve_checkpoint
+from eagle3.export import default_export_dir
 from eagle3.fsio import read_json
 from eagle3.store import RunInfo
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key

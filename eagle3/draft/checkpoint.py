@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 
 CKPT_FORMAT = "eagle3-train-checkpoint/1"
-FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors", "state.json")
+WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file
+FILES = (WEIGHTS, "optimizer.safetensors", "rng.safetensors", "state.json")
 
 
 class CheckpointError(ValueError):
@@ -111,6 +112,20 @@ def latest_checkpoint(root: Path) -> Path | None:
         pass
     done = [d for d in sorted(root.glob("step-*")) if _complete(d)]
     return done[-1] if done else None
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A step directory (holds model.safetensors), or a checkpoints root / training out_dir (its latest)."""
+    path = Path(path)
+    if (path / WEIGHTS).is_file():
+        return path
+    for root in (path, path / "checkpoints"):
+        found = latest_checkpoint(root)
+        if found is not None:
+            return found
+    raise CheckpointError(
+        f"{path}: no checkpoint here (neither <step dir>/{WEIGHTS} nor a checkpoints/ root with a complete step-*)"
+    )
 
 
 def load_checkpoint(

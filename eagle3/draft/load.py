@@ -15,13 +15,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eagle3.draft.checkpoint import CheckpointError
+from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
-from eagle3.export import resolve_checkpoint
 from eagle3.fsio import read_json
 from eagle3.train import load_target_tensors
 
-WEIGHTS = "model.safetensors"
 EMBEDDING_KEY = "model.embed_tokens.weight"  # the trainer reads the same key (eagle3/train.py)
 
 

@@ -26,10 +26,10 @@ from pydantic import BaseModel, ConfigDict
 
 from eagle3.chat import ChatTokenizer, RowError, normalize_row
 from eagle3.config import DataConfig, EvaluateConfig
+from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.engines.transformers_engine import load_causal_lm, resolve_device
 from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
-from eagle3.export import resolve_checkpoint
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.prepare import read_rows
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
