@@ -117,11 +117,17 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
     logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)
-    live = previous_live(config, len(prompts)) or evaluate_live(
-        prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
-        evaluate=ev, base_env=dict(os.environ),
-    )  # fmt: skip
-    (logger.error if live.flag else logger.info)("evaluate: %s", live.summary)
+    live = previous_live(config, len(prompts))
+    if live is None:
+        live_report = TaskProgress(
+            logger, "evaluate-live", key=run_key(config.run_dir, "evaluate-live-progress"), unit="requests"
+        )
+        live = evaluate_live(
+            prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
+            evaluate=ev, base_env=dict(os.environ), progress=live_report,
+        )  # fmt: skip
+    goes_on = " (evaluate.fail_on_slowdown is off: the run does not fail)" if not ev.fail_on_slowdown else ""
+    (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on if live.flag else "")
     summary = EvalSummary(offline=offline, live=live)
     markdown_artifact(
         run_key(config.run_dir, "evaluation"),
