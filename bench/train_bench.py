@@ -2,6 +2,7 @@
 
     python bench/train_bench.py make --root R [--samples 128]                  # store + target model, once
     torchrun --nproc_per_node N bench/train_bench.py run --root R [--steps 20]  # on 1..N GPUs
+    torchrun --nproc_per_node N bench/train_bench.py run --root R --parallel fsdp  # FSDP2 instead of DDP
     python bench/train_bench.py check                                          # flex vs dense attention
 
 `run` times, in one process per GPU (one compile): (1) `memory`: the same few batches already on the GPU,
@@ -152,6 +153,7 @@ def run(args: argparse.Namespace) -> None:
             "target_chunk_tokens": args.chunk,
             "loader_threads": args.threads,
             "prefetch_batches": args.prefetch,
+            "parallel": args.parallel,
         }
     )
     job = TrainJob(
@@ -199,6 +201,7 @@ def run(args: argparse.Namespace) -> None:
                 gpus=world,
                 batch_tokens=args.batch_tokens,
                 compile=args.compile,
+                parallel=args.parallel if world > 1 else "none",
                 flops_per_token=fpt,
                 mfu=fpt * r["tokens_per_s"] / PEAK_BF16,
                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
@@ -263,6 +266,7 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=4)
     ap.add_argument("--modes", default="memory,disk")
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="train.parallel (with N > 1)")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
     ap.add_argument("--out", default="")
     args = ap.parse_args()

@@ -207,6 +207,14 @@ class TrainConfig(StrictModel):
     loader_threads: int = Field(4, gt=0, le=64, description="Threads that read and pack batches.")
     prefetch_batches: int = Field(4, gt=0, le=64, description="Batches read ahead of the step.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Newest checkpoints kept on disk.")
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="With nproc > 1: `ddp`: DistributedDataParallel, every process holds the whole draft, its "
+        "gradients and AdamW state. `fsdp`: FSDP2 (torch.distributed.fsdp.fully_shard) shards parameters, "
+        "gradients and AdamW state across the processes (the frozen embedding stays whole on each); for drafts "
+        "whose optimizer state does not fit one GPU. The same math and the same checkpoints: a run may switch "
+        "on resume.",
+    )
 
 
 class EvaluateConfig(StrictModel):

@@ -7,6 +7,10 @@
 Outputs under out_dir: metrics.jsonl (one JSON object per logged step), tb/ (TensorBoard events),
 checkpoints/ (eagle3/draft/checkpoint.py). A run whose out_dir holds a checkpoint resumes from it: same
 weights, AdamW moments, schedule, RNG and data position, so the next step's loss equals an uninterrupted run's.
+
+Several processes (torchrun): train.parallel `ddp` wraps the draft in DistributedDataParallel; `fsdp` shards its
+trainable weights, gradients and AdamW state with FSDP2 (`shard_draft`). Both average the gradient over the
+ranks, so the losses agree; checkpoints hold whole tensors either way.
 """
 
 from __future__ import annotations
@@ -23,10 +27,11 @@ import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
 from safetensors import safe_open
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from eagle3.config import TrainConfig
-from eagle3.draft.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3.draft.checkpoint import gather_tensors, latest_checkpoint, load_checkpoint, save_checkpoint
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map
 from eagle3.draft.loss import target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
@@ -103,7 +108,7 @@ def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, tor
 #: (lr, batch, TTT, vocab, seed, ...) would silently mix two trainings in one draft.
 RESUMABLE_CHANGES = frozenset(
     {"nproc", "epochs", "max_steps", "checkpoint_every", "log_every", "keep_checkpoints", "loader_threads",
-     "prefetch_batches", "compile", "attention", "target_chunk_tokens"}
+     "prefetch_batches", "compile", "attention", "target_chunk_tokens", "parallel"}
 )  # fmt: skip
 
 
@@ -117,6 +122,21 @@ def check_resumable(checkpoint: Path, saved: dict[str, Any], cfg: TrainConfig) -
             f"{checkpoint}: written with other train settings ({diff}); resuming would mix two trainings. "
             f"Restore those settings, or move {checkpoint.parent.parent} away to train from scratch"
         )
+
+
+def shard_draft(model: Eagle3Draft, device: torch.device, world: int) -> None:
+    """FSDP2 in place: the draft's trainable parameters become DTensors sharded over the `world` ranks (dim 0), and
+    so do their gradients and AdamW moments. One FSDP unit, the whole draft: the decoder layer, norm and lm_head
+    run once per TTT step, so a unit per submodule would only add all-gathers (or reduce-scatter a gradient
+    before its last use). The frozen embedding is left out (ignored_params): it stays whole on every rank, as
+    loaded from the target, never gathered or reduced. Parameters stay fp32 (no mp_policy): bf16 autocast does the
+    casting, as under DDP. The root keeps its gathered weights from forward through backward, then reshards."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world,))
+    frozen = {p for p in model.parameters() if not p.requires_grad}  # the embedding
+    fully_shard(model, mesh=mesh, ignored_params=frozen)
 
 
 @dataclass
@@ -199,6 +219,11 @@ class Trainer:
         self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
         self.model.set_vocab_map(d2t.to(device), t2d.to(device))
         self.lm_head = target["lm_head"].to(device, dtype)  # [V, H], frozen, outside the draft
+        if self.cfg.compile:
+            self.model.compile_blocks()
+        self.fsdp = world > 1 and self.cfg.parallel == "fsdp"
+        if self.fsdp:  # before the optimizer and the checkpoint: both see the sharded parameters
+            shard_draft(self.model, device, world)
         self.params = [p for _, p in self.model.named_parameters() if p.requires_grad]
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
@@ -230,11 +255,9 @@ class Trainer:
         self.start_step = self.step
         use_flex = c.attention == "flex" or (c.attention == "auto" and device.type == "cuda")
         self.flex = FlexAttend() if use_flex else None
-        if c.compile:
-            self.model.compile_blocks()
-        self.ddp: torch.nn.Module = self.model
-        if world > 1:
-            self.ddp = DistributedDataParallel(
+        self.net: torch.nn.Module = self.model  # what the step calls: the draft (sharded in place under FSDP2) or DDP's
+        if world > 1 and not self.fsdp:
+            self.net = DistributedDataParallel(
                 self.model,
                 device_ids=[device.index] if fused else None,
                 broadcast_buffers=False,
@@ -287,11 +310,13 @@ class Trainer:
         attend = self.attend_for(batch.doc)
         aux = batch.aux_hidden if self.bf16 else batch.aux_hidden.float()  # [N, K, H]
         with self.autocast():
-            logits = self.ddp(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
+            logits = self.net(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
         out = ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         out.total.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)  # FSDP2: the global norm, a DTensor
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
         loss, gn = torch.stack([out.total.detach().float(), grad_norm.float()]).tolist()
         if not (math.isfinite(loss) and math.isfinite(gn)):
             raise NonFiniteLossError(
@@ -375,6 +400,9 @@ class Trainer:
         }
 
     def _save(self) -> None:
+        tensors = None  # FSDP2: the all-gathers are collective, every rank takes part; rank 0 writes
+        if self.rank == 0 or self.fsdp:
+            tensors = gather_tensors(self.model, self.optimizer, keep=self.rank == 0)
         if self.rank == 0:
             state = {
                 "data_position": {"epoch": self.pos.epoch, "rows": self.pos.rows},
@@ -383,7 +411,14 @@ class Trainer:
                 "config": self.cfg.model_dump(mode="json"),
             }
             self.checkpoint = save_checkpoint(
-                self.ckpt_dir, self.step, self.model, self.optimizer, self.scheduler, state, self.cfg.keep_checkpoints
+                self.ckpt_dir,
+                self.step,
+                self.model,
+                self.optimizer,
+                self.scheduler,
+                state,
+                self.cfg.keep_checkpoints,
+                tensors,
             )
         else:
             self.checkpoint = self.ckpt_dir / f"step-{self.step:08d}"

@@ -12,16 +12,23 @@
 A checkpoint is written under `.step-00000200.tmp/`, each file fsynced, then renamed into place, then
 latest.json is replaced: a directory named step-* is complete, and a kill at any moment leaves either the
 previous checkpoint or the new one. Resume reads latest.json, or the newest complete step-* directory.
+
+The tensors are always whole, whatever the run's parallelism: under FSDP2 (DTensor parameters and AdamW
+moments, train.parallel = fsdp) `gather_tensors` all-gathers each one (a collective: every rank calls it, rank 0
+keeps them and writes), and `load_checkpoint` (every rank reads the files) gives each rank its own shard of
+each. So a checkpoint moves freely between ddp and fsdp and between world sizes, and export reads it as it is.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 
@@ -39,11 +46,54 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor, on the CPU; a DTensor (an FSDP2 shard) is all-gathered first: a collective."""
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
     return t.detach().to("cpu", copy=True).contiguous()
+
+
+def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """`full` laid out as `ref`: this rank's shard of it when `ref` is a DTensor (each rank read the whole tensor
+    from the file, so slicing is local, no communication), else `full` itself."""
+    if isinstance(ref, DTensor):
+        return distribute_tensor(full.to(ref.device, ref.dtype), ref.device_mesh, ref.placements, src_data_rank=None)
+    return full
 
 
 def _trainable(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+@dataclass
+class CheckpointTensors:
+    """What model.safetensors and optimizer.safetensors hold: whole fp32 tensors on the CPU, by parameter name."""
+
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    moments: dict[str, torch.Tensor] = field(default_factory=dict)  # "<param>.exp_avg", "<param>.exp_avg_sq"
+    steps: dict[str, float] = field(default_factory=dict)  # AdamW's per-parameter step
+
+
+def gather_tensors(model: Any, optimizer: torch.optim.Optimizer, *, keep: bool = True) -> CheckpointTensors:
+    """The checkpoint's tensors, whole. Sharded (FSDP2) ones are all-gathered one at a time, so under FSDP2 every
+    rank must call this, in step; the ranks that do not write pass keep=False and hold none of them."""
+    out = CheckpointTensors()
+
+    def put(into: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
+        if keep:
+            into[key] = _cpu(t)
+        elif isinstance(t, DTensor):
+            t.full_tensor()  # this rank's part in the all-gather; the writing rank keeps the result
+
+    for k, v in model.trainable_state_dict().items():
+        put(out.weights, k, v)
+    for name, p in _trainable(model):
+        st = optimizer.state.get(p, {})
+        if st:
+            put(out.moments, f"{name}.exp_avg", st["exp_avg"])
+            put(out.moments, f"{name}.exp_avg_sq", st["exp_avg_sq"])
+            step = st["step"]
+            out.steps[name] = float(step.full_tensor() if isinstance(step, DTensor) else step)
+    return out
 
 
 def save_checkpoint(
@@ -54,22 +104,18 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: dict[str, Any],
     keep: int,
+    tensors: CheckpointTensors | None = None,
 ) -> Path:
-    """Write checkpoint `step` atomically and drop all but the newest `keep`. Call on one rank only."""
+    """Write checkpoint `step` atomically and drop all but the newest `keep`. Call on one rank only; a sharded
+    (FSDP2) model's `tensors` come from gather_tensors, called on every rank."""
     root = Path(root)
     final = step_dir(root, step)
     tmp = root / f".{final.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
 
-    weights = {k: _cpu(v) for k, v in model.trainable_state_dict().items()}
-    moments, steps = {}, {}
-    for name, p in _trainable(model):
-        st = optimizer.state.get(p, {})
-        if st:
-            moments[f"{name}.exp_avg"] = _cpu(st["exp_avg"])
-            moments[f"{name}.exp_avg_sq"] = _cpu(st["exp_avg_sq"])
-            steps[name] = float(st["step"])
+    t = tensors if tensors is not None else gather_tensors(model, optimizer)
+    weights, moments, steps = t.weights, t.moments, t.steps
     rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["torch_cuda"] = torch.cuda.get_rng_state()
@@ -131,7 +177,8 @@ def resolve_checkpoint(path: Path) -> Path:
 def load_checkpoint(
     path: Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler
 ) -> dict[str, Any]:
-    """Restore weights, AdamW state, scheduler and RNG from `path`; returns state.json."""
+    """Restore weights, AdamW state, scheduler and RNG from `path`; returns state.json. Every rank calls it and
+    reads the whole files; a sharded (FSDP2) model and its optimizer take their own shard of each tensor."""
     path = Path(path)
     state = read_json(path / "state.json")
     if state.get("format") != CKPT_FORMAT:
@@ -143,21 +190,21 @@ def load_checkpoint(
             f"{path}: weights do not match the draft: missing {sorted(expected - set(weights))}, "
             f"unexpected {sorted(set(weights) - expected)} (was it written for another target or vocab map?)"
         )
-    for k, v in model.trainable_state_dict().items():
+    current = model.trainable_state_dict()
+    for k, v in current.items():
         if v.shape != weights[k].shape:
             raise CheckpointError(f"{path}: {k} is {tuple(weights[k].shape)}, the draft has {tuple(v.shape)}")
-    model.load_state_dict(weights, strict=False)
+    model.load_state_dict({k: _like(v, current[k]) for k, v in weights.items()}, strict=False)
 
     moments = load_file(str(path / "optimizer.safetensors"))
     sd = optimizer.state_dict()
-    names = [n for n, _ in _trainable(model)]
     steps = state["optimizer"]["param_steps"]
-    for idx, name in enumerate(names):
+    for idx, (name, p) in enumerate(_trainable(model)):
         if name in steps:
             sd["state"][idx] = {
                 "step": torch.tensor(steps[name], dtype=torch.float32),
-                "exp_avg": moments[f"{name}.exp_avg"],
-                "exp_avg_sq": moments[f"{name}.exp_avg_sq"],
+                "exp_avg": _like(moments[f"{name}.exp_avg"], p),
+                "exp_avg_sq": _like(moments[f"{name}.exp_avg_sq"], p),
             }
     for group, lr in zip(sd["param_groups"], state["optimizer"]["lr"], strict=True):
         group["lr"] = lr
