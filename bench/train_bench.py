@@ -100,7 +100,7 @@ def evict(paths: list[Path]) -> None:
 def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int, evict_each: bool) -> dict[str, Any]:
     """Median step time after `warmup` steps; `evict_each`: drop the store from the page cache after every
     step, so every read in the timed steps comes from the device, not from memory."""
-    times, tokens = [], []
+    times, tokens, losses = [], [], []
     files = [s.path for s in trainer.stream.samples]
     wait0 = trainer.stream.wait_s
     t_start = 0.0
@@ -113,6 +113,7 @@ def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int, evict_e
         out = trainer.train_step(batch)  # ends in a device sync (loss and grad norm to the host)
         times.append(time.perf_counter() - t0)
         tokens.append(out.tokens)
+        losses.append(round(out.loss, 4))
         if evict_each:
             evict(files)
         if trainer.rank == 0 and n < warmup:
@@ -128,6 +129,7 @@ def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int, evict_e
         "tokens_per_s": sum(tokens[warmup:]) / wall,
         "data_wait_s": trainer.stream.wait_s - wait0,
         "first_step_s": times[0],
+        "losses": losses,  # memory mode cycles 4 cached batches: ddp and fsdp runs must give the same sequence
     }
 
 
