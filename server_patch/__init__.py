@@ -2,8 +2,9 @@
 
 SGLang calls `load_plugin()` early in every process it spawns (scheduler = TP worker, detokenizer,
 main). The plugin is inert unless EAGLE3_DUMP_DIR names a dump directory (or EAGLE3_CPU_SPEC=1
-asks for the CPU speculative fallback), so installing it never changes a plain server. With it set, it requires SGLang 0.5.23 (the capture-only mode and the
-internals hook.py relies on) and otherwise refuses to load, saying which versions work.
+asks for the CPU speculative fallback), so installing it never changes a plain server. With either
+set, it requires SGLang 0.5.23 (the capture-only mode and the internals hook.py and cpu_spec.py rely
+on) and otherwise refuses to load, saying which versions work.
 
 Environment (names in eagle3/dump_protocol.py):
   EAGLE3_DUMP_DIR      where per-request dumps go (the hook's only switch)
