@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from eagle3.model_files import read_model_facts, tokenizer_fingerprint
 from eagle3.server import SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
 from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
@@ -38,12 +38,6 @@ TEXTS = [
 def require_sglang_env() -> None:
     if not SGLANG_PYTHON.exists():
         pytest.skip(f"{SGLANG_PYTHON} is absent: build it with deploy/sglang_env.sh (make test does)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sglang_config(run_dir: Path, model: Path, **server: Any) -> PipelineConfig:

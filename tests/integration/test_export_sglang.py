@@ -30,7 +30,8 @@ from eagle3.export import ExportResult, export_draft
 from eagle3.model_files import model_fingerprint, read_model_facts
 from eagle3.server import SGLangServer
 from eagle3.store import RunInfo, RunStore
-from tests.integration.sglang_support import SGLANG_PYTHON, free_port, require_sglang_env, sglang_config
+from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env, sglang_config
+from tests.ports import free_port
 
 pytestmark = pytest.mark.sglang
 HERE = Path(__file__).resolve().parent

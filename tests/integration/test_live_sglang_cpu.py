@@ -32,7 +32,8 @@ from eagle3.evaluate.offline import load_target
 from eagle3.export import export_draft
 from eagle3.model_files import model_fingerprint, read_model_facts
 from eagle3.store import RunInfo, RunStore
-from tests.integration.sglang_support import free_port, require_sglang_env, sglang_config
+from tests.integration.sglang_support import require_sglang_env, sglang_config
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 AUX = [2, 15, 27]  # EAGLE-3's default for SmolLM2's 30 layers

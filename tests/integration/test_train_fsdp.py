@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from eagle3.draft.checkpoint import WEIGHTS
 from eagle3.draft.synthetic import write_run
 from eagle3.train import write_job
 from tests.integration.test_train import REPO, SPEC, job, metrics
+from tests.ports import free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -32,12 +32,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("synthetic")
     write_run(root / "store", root / "target", SPEC)
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun(store: Path, out: Path, parallel: str) -> dict[int, dict]:

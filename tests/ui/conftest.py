@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "deploy" / "serve.sh"
@@ -45,12 +46,6 @@ class Served:
 
     def serve(self, command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["bash", str(SERVE), command], env=self.env, capture_output=True, text=True, timeout=600)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
