@@ -131,10 +131,12 @@ def shard_draft(model: Eagle3Draft, device: torch.device, world: int) -> None:
     before its last use). The frozen embedding is left out (ignored_params): it stays whole on every rank, as
     loaded from the target, never gathered or reduced. Parameters stay fp32 (no mp_policy): bf16 autocast does the
     casting, as under DDP. The root keeps its gathered weights from forward through backward, then reshards."""
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (world,))
+    group = dist.group.WORLD
+    assert group is not None, "shard_draft needs torch.distributed initialized"
+    mesh = DeviceMesh.from_group(group, device.type)  # the default group: no second one to tear down
     frozen = {p for p in model.parameters() if not p.requires_grad}  # the embedding
     fully_shard(model, mesh=mesh, ignored_params=frozen)
 
