@@ -11,14 +11,19 @@ import pytest
 import torch
 
 from eagle3.config import PipelineConfig
-from eagle3.model_files import read_model_facts, tokenizer_fingerprint
+from eagle3.draft.checkpoint import save_checkpoint
+from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.export import ExportResult, export_draft
+from eagle3.fsio import read_json
+from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.server import SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
-from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
+from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
+AUX = [2, 15, 27]  # EAGLE-3's default for SmolLM2's 30 layers
 
 TEXTS = [
     "The capital of France is Paris.",
@@ -123,3 +128,34 @@ def assert_same_layer(
         f"{what}: median token {float(e.median()):.3f}, worst token {float(e.max()):.3f} at {int(e.argmax())}"
     )
     return float(e.median())
+
+
+def export_random_draft(
+    model: Path, root: Path, draft_vocab: int, *, o_proj_scale: float = 1.0
+) -> tuple[ExportResult, DraftConfig]:
+    """A draft for `model` with random weights (norms around 1) and a random vocab map of `draft_vocab` ids,
+    checkpointed and exported by our pipeline (export_draft) into <root>/run/draft, as SGLang serves it.
+    `o_proj_scale` scales the attention output projection, so attention weighs more in the draft's proposals."""
+    facts = read_model_facts(model)
+    RunStore(root / "run").write_run_info(
+        RunInfo(model_path=str(model), model_sha256=model_fingerprint(model), tokenizer_sha256="t",
+                engine="transformers", engine_version="0", dtype="bfloat16", hidden_size=facts.hidden_size,
+                num_layers=facts.num_layers, vocab_size=facts.vocab_size, aux_layers=AUX, engine_layer_ids=AUX,
+                engine_layer_convention="hf_hidden_states", dataset_fingerprint="d", versions={}, config={})
+    )  # fmt: skip
+    cfg = DraftConfig.from_target(read_json(model / "config.json"), num_aux=len(AUX), draft_vocab_size=draft_vocab)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(cfg)
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
+        draft.midlayer.self_attn.o_proj.weight.mul_(o_proj_scale)
+    used = torch.randperm(cfg.vocab_size)[:draft_vocab]
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    draft.set_vocab_map(used - torch.arange(draft_vocab), t2d)
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    ckpt = save_checkpoint(root / "train" / "checkpoints", 1, draft, opt, sched, {"data_position": {}}, keep=1)
+    return export_draft(ckpt, root / "run", model, root / "run" / "draft"), cfg

@@ -23,19 +23,15 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eagle3.config import EvaluateConfig
-from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft, apply_rope, dense_attend, rope_cos_sin, rope_inv_freq
 from eagle3.evaluate.live import LiveEvalError, measure
-from eagle3.export import ExportResult, export_draft
-from eagle3.model_files import model_fingerprint, read_model_facts
+from eagle3.export import ExportResult
 from eagle3.server import SGLangServer
-from eagle3.store import RunInfo, RunStore
-from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env, sglang_config
+from tests.integration.sglang_support import AUX, SGLANG_PYTHON, export_random_draft, require_sglang_env, sglang_config
 from tests.ports import free_port
 
 pytestmark = pytest.mark.sglang
 HERE = Path(__file__).resolve().parent
-AUX = [2, 15, 27]  # EAGLE-3's default for SmolLM2's 30 layers
 DRAFT_VOCAB = 4096
 
 
@@ -44,29 +40,7 @@ def exported(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     """A draft with random weights (norms too) and a random vocab map, exported for SmolLM2."""
     require_sglang_env()
     root = tmp_path_factory.mktemp("export")
-    facts = read_model_facts(demo_model)
-    RunStore(root / "run").write_run_info(
-        RunInfo(model_path=str(demo_model), model_sha256=model_fingerprint(demo_model), tokenizer_sha256="t",
-                engine="transformers", engine_version="0", dtype="bfloat16", hidden_size=facts.hidden_size,
-                num_layers=facts.num_layers, vocab_size=facts.vocab_size, aux_layers=AUX, engine_layer_ids=AUX,
-                engine_layer_convention="hf_hidden_states", dataset_fingerprint="d", versions={}, config={})
-    )  # fmt: skip
-    cfg = DraftConfig.from_target(json.loads((demo_model / "config.json").read_text()), num_aux=3,
-                                  draft_vocab_size=DRAFT_VOCAB)  # fmt: skip
-    torch.manual_seed(0)
-    draft = Eagle3Draft(cfg)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.requires_grad:
-                p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
-    used = torch.randperm(cfg.vocab_size)[:DRAFT_VOCAB]
-    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    t2d[used] = True
-    draft.set_vocab_map(used - torch.arange(DRAFT_VOCAB), t2d)
-    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    ckpt = save_checkpoint(root / "train" / "checkpoints", 1, draft, opt, sched, {"data_position": {}}, keep=1)
-    result = export_draft(ckpt, root / "run", demo_model, root / "run" / "draft")
+    result, cfg = export_random_draft(demo_model, root, DRAFT_VOCAB)
 
     g = torch.Generator().manual_seed(1)  # step-0 inputs: target ids and fused aux states [T, K*H]
     inputs = {"input_ids": torch.randint(0, cfg.vocab_size, (48,), generator=g),

@@ -24,19 +24,14 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.config import EvaluateConfig
-from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.evaluate.decode import EagleDrafter, speculative_decode
 from eagle3.evaluate.live import eagle3_cli_args, serve_and_measure, speculative_args
 from eagle3.evaluate.offline import load_target
-from eagle3.export import export_draft
-from eagle3.model_files import model_fingerprint, read_model_facts
-from eagle3.store import RunInfo, RunStore
-from tests.integration.sglang_support import require_sglang_env, sglang_config
+from tests.integration.sglang_support import AUX, export_random_draft, require_sglang_env, sglang_config
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
-AUX = [2, 15, 27]  # EAGLE-3's default for SmolLM2's 30 layers
 DRAFT_VOCAB = 4096
 QUESTIONS = ("What is the capital of France?", "Name three colours.", "Count from 1 to 10.")
 MAX_NEW_TOKENS = 32
@@ -66,31 +61,8 @@ def draft_dir(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     """A random draft for SmolLM2, exported by our pipeline (export_draft) as SGLang serves it. Its o_proj is
     scaled up so that attention, not the residual stream, decides its proposals: with small random weights a
     draft KV cache read one token short changes almost no proposal (measured: 3 of 383), with this one 40."""
-    root = tmp_path_factory.mktemp("cpu-spec")
-    facts = read_model_facts(demo_model)
-    RunStore(root / "run").write_run_info(
-        RunInfo(model_path=str(demo_model), model_sha256=model_fingerprint(demo_model), tokenizer_sha256="t",
-                engine="transformers", engine_version="0", dtype="bfloat16", hidden_size=facts.hidden_size,
-                num_layers=facts.num_layers, vocab_size=facts.vocab_size, aux_layers=AUX, engine_layer_ids=AUX,
-                engine_layer_convention="hf_hidden_states", dataset_fingerprint="d", versions={}, config={})
-    )  # fmt: skip
-    cfg = DraftConfig.from_target(json.loads((demo_model / "config.json").read_text()), num_aux=3,
-                                  draft_vocab_size=DRAFT_VOCAB)  # fmt: skip
-    torch.manual_seed(0)
-    draft = Eagle3Draft(cfg)
-    with torch.no_grad():
-        for p in draft.parameters():
-            if p.requires_grad:
-                p.copy_(torch.randn_like(p) * 0.05 + (1.0 if p.dim() == 1 else 0.0))
-        draft.midlayer.self_attn.o_proj.weight.mul_(30.0)
-    used = torch.randperm(cfg.vocab_size)[:DRAFT_VOCAB]
-    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-    t2d[used] = True
-    draft.set_vocab_map(used - torch.arange(DRAFT_VOCAB), t2d)
-    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad])
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    ckpt = save_checkpoint(root / "train" / "checkpoints", 1, draft, opt, sched, {"data_position": {}}, keep=1)
-    return Path(export_draft(ckpt, root / "run", demo_model, root / "run" / "draft").out_dir)
+    result, _ = export_random_draft(demo_model, tmp_path_factory.mktemp("cpu-spec"), DRAFT_VOCAB, o_proj_scale=30.0)
+    return Path(result.out_dir)
 
 
 class RecordingDrafter(EagleDrafter):
