@@ -29,6 +29,7 @@ from eagle3.store import RunInfo
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 
 EVALUATE_TIMEOUT_S = 6 * 3600
+NOT_FAILING = "(the run does not fail: evaluate.fail_on_slowdown is off)"
 
 
 class EvalSummary(BaseModel):
@@ -69,7 +70,7 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
     if off.identical_to_greedy != off.num_prompts:
         lines.append(f"\nOffline outputs differing from plain greedy decoding: prompts {off.mismatched_prompts}.")
     if s.flagged:
-        note = "" if config.evaluate.fail_on_slowdown else " (the run does not fail: evaluate.fail_on_slowdown is off)"
+        note = "" if config.evaluate.fail_on_slowdown else f" {NOT_FAILING}"
         lines.insert(
             0, f"> **FLAGGED: this draft makes serving slower than the plain target. Do not deploy it.**{note}\n"
         )
@@ -126,8 +127,8 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
             prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
             evaluate=ev, base_env=dict(os.environ), progress=live_report,
         )  # fmt: skip
-    goes_on = " (evaluate.fail_on_slowdown is off: the run does not fail)" if not ev.fail_on_slowdown else ""
-    (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on if live.flag else "")
+    goes_on = f" {NOT_FAILING}" if live.flag and not ev.fail_on_slowdown else ""
+    (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on)
     summary = EvalSummary(offline=offline, live=live)
     markdown_artifact(
         run_key(config.run_dir, "evaluation"),
