@@ -46,7 +46,7 @@ from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.model_files import model_fingerprint, sha256_file
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
 from eagle3.store import RunInfo, now
 
 EXPORT_FORMAT = "eagle3-export/1"
@@ -211,6 +211,18 @@ def _swap_in(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def served_layer_ids(info: RunInfo, model_type: str) -> SGLangLayers:
+    """The SGLang ids the draft config names: exactly those run.json recorded when SGLang extracted the store;
+    for another engine, what SGLang extraction would have passed (the recorded extract.sglang_layer_ids included)."""
+    if info.engine == "sglang":
+        return SGLangLayers(list(info.aux_layers), list(info.engine_layer_ids), info.engine_layer_convention)
+    override = info.config.get("extract", {}).get("sglang_layer_ids")
+    try:
+        return sglang_layer_ids(model_type, info.aux_layers, info.num_layers, override)
+    except LayerMappingError as e:
+        raise ExportError(f"{e} (the store's run.json records the extraction config)") from None
+
+
 def export_draft(
     checkpoint: Path,
     run_dir: Path,
@@ -241,12 +253,7 @@ def export_draft(
             f"{model_dir}/config.json (hidden {facts[0]}, vocab {facts[1]}, {facts[2]} layers): the store was "
             "extracted from another model"
         )
-    layers = sglang_layer_ids(str(target_cfg.get("model_type", "")), info.aux_layers, info.num_layers)
-    if info.engine == "sglang" and info.engine_layer_ids != layers.layer_ids:
-        raise ExportError(
-            f"{run_dir}/run.json: extracted through SGLang with ids {info.engine_layer_ids}, but the draft config "
-            f"would name {layers.layer_ids} for aux layers {info.aux_layers}; check eagle3/sglang_layers.py"
-        )
+    layers = served_layer_ids(info, str(target_cfg.get("model_type", "")))
 
     ckpt_sha = sha256_file(ckpt / WEIGHTS)
     key = _export_key(

@@ -195,3 +195,36 @@ def test_a_run_extracted_from_another_model_is_refused(run: dict[str, Path]) -> 
 def test_no_checkpoint_is_an_error_that_says_where_it_looked(tmp_path: Path, run: dict[str, Path]) -> None:
     with pytest.raises(ExportError, match="no checkpoint here"):
         export_draft(tmp_path / "nothing", run["run"], run["model"], run["out"])
+
+
+def _rewrite_target(run: dict[str, Path], **fields: object) -> None:
+    cfg_path = run["model"] / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **fields}))
+
+
+def _rewrite_run_info(run: dict[str, Path], **fields: object) -> None:
+    store = RunStore(run["run"])
+    info = RunInfo.model_validate(json.loads((run["run"] / "run.json").read_text()))
+    (run["run"] / "run.json").unlink()
+    store.write_run_info(info.model_copy(update=fields))
+
+
+def test_a_store_extracted_through_sglang_exports_the_layer_ids_run_json_recorded(run: dict[str, Path]) -> None:
+    # A family without a rule extracts with extract.sglang_layer_ids; export must name those ids, not re-derive.
+    _rewrite_target(run, model_type="mystery_moe")
+    _rewrite_run_info(
+        run,
+        engine="sglang",
+        engine_layer_ids=[2, 4, 5],
+        engine_layer_convention="sglang mystery_moe: ids set by extract.sglang_layer_ids",
+        config={"extract": {"sglang_layer_ids": [2, 4, 5]}},
+    )
+    result = do_export(run)
+    cfg = json.loads((run["out"] / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5] == result.sglang_layer_ids
+
+
+def test_a_transformers_store_exports_with_the_recorded_sglang_override(run: dict[str, Path]) -> None:
+    _rewrite_target(run, model_type="mystery_moe")
+    _rewrite_run_info(run, config={"extract": {"sglang_layer_ids": [3, 5, 6]}})
+    assert do_export(run).sglang_layer_ids == [3, 5, 6]
