@@ -135,11 +135,6 @@ def outcomes(states: Mapping[int, State[Any]]) -> tuple[dict[int, ShardResult], 
     return results, failures
 
 
-def failure_messages(states: Mapping[int, State[Any]]) -> dict[int, str]:
-    """shard -> message, for the shard tasks that did not complete."""
-    return outcomes(states)[1]
-
-
 @task(name="report-extract", retries=1, retry_delay_seconds=2, timeout_seconds=REPORT_TIMEOUT_S, cache_policy=NO_CACHE)
 def report_extract_task(
     config: PipelineConfig,

@@ -44,10 +44,6 @@ def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) ->
     return _MODELS[key]
 
 
-def clear_model_cache() -> None:
-    _MODELS.clear()
-
-
 def length_batches(samples: Sequence[PreparedSample], batch_tokens: int) -> list[list[PreparedSample]]:
     """Group samples by length (longest first) so each batch's padded size B x S_max <= batch_tokens.
 
