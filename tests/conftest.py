@@ -29,6 +29,7 @@ SESSION_ENV = "PYTEST_PROJECT_SESSIONS"  # not EAGLE3_*: the SGLang launch drops
 PROJECT_SIGNS = ("prefect", "sglang", "eagle3", "torch.distributed", "torchrun", "train_worker", "uvicorn")
 # Servers stopped by the last teardown (SIGTERM, grace) may take a few seconds to go.
 LEFTOVER_WAIT_S = float(os.environ.get("PYTEST_LEFTOVER_WAIT_S", "20"))
+EPHEMERAL_PREFECT = "prefect.server.api.server:create_app"
 _SESSION: dict[str, Any] = {}
 
 
@@ -104,6 +105,8 @@ def session_processes(token: str) -> list[tuple[int, str]]:
         if token.encode() not in marks.split(b"=", 1)[1].split():
             continue
         line = " ".join(procs.cmdline(pid))
+        if EPHEMERAL_PREFECT in line and procs.parent(pid) == os.getpid():
+            continue  # Prefect's own temporary server of this process: Prefect stops it at exit (atexit)
         if any(sign in line for sign in PROJECT_SIGNS):
             out.append((pid, line))
     return out

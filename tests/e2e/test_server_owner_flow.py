@@ -52,7 +52,8 @@ def serving_record(cfg: PipelineConfig, store: RunStore, owner: subprocess.Popen
     def ready() -> bool:
         assert owner is None or owner.poll() is None, "the flow process ended before its server served"
         record = read_record(path)
-        return record is not None and record.server is not None and len(list(store.shard_dir(0).glob("*.st*"))) >= 2
+        stored = len(list(store.shard_dir(0).glob("*.safetensors")))
+        return record is not None and record.server is not None and stored >= 2
 
     wait_for("the server serving and two samples stored", ready, 900, every_s=0.2)
     record = read_record(path)
