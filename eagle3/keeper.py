@@ -47,7 +47,7 @@ from eagle3 import procs
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-POLL_S = 0.5
+POLL_S = 1.0  # how often the keeper checks its owner's pid (the pipe and signals wake it at once)
 ORPHAN_GRACE_S = 3.0  # SIGTERM to SIGKILL when the owner died (SGLang itself takes ~5 s to end on SIGTERM)
 STOP = b"s"  # written by the owner's stop() before it closes the pipe
 ROOT = Path(__file__).resolve().parents[1]  # the directory holding the eagle3 package the keeper imports
@@ -209,6 +209,11 @@ def main(args: list[str]) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
+    # Signals (a child's exit, SIGTERM) wake the loop at once through this pipe; otherwise it sleeps POLL_S.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     if procs.start_ticks(int(owner_pid)) != int(owner_start):  # the owner died before we got here
         return 1
     child = subprocess.Popen(argv, preexec_fn=arm)  # preexec_fn is safe: the keeper has one thread
@@ -218,16 +223,17 @@ def main(args: list[str]) -> int:
         if _stop_signal:
             grace = float(grace_s)
             break
-        with contextlib.suppress(InterruptedError):
-            ready, _, _ = select.select([pipe], [], [], POLL_S)
-            if ready:
-                data = os.read(pipe, 64)
-                # STOP first: the owner's stop(), a graceful end; EOF alone: the owner died, nobody waits for
-                # answers, so the group gets ORPHAN_GRACE_S (the port and the GPUs are free within seconds).
-                grace = float(grace_s) if STOP in data else ORPHAN_GRACE_S if not data else None
+        ready, _, _ = select.select([pipe, wake_r], [], [], POLL_S)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _reap_orphans(me, child.pid)
+        if pipe in ready:
+            data = os.read(pipe, 64)
+            # STOP first: the owner's stop(), a graceful end; EOF alone: the owner died, nobody waits for
+            # answers, so the group gets ORPHAN_GRACE_S (the port and the GPUs are free within seconds).
+            grace = float(grace_s) if STOP in data else ORPHAN_GRACE_S if not data else None
         if grace is None and procs.start_ticks(int(owner_pid)) != int(owner_start):
             grace = ORPHAN_GRACE_S
-        _reap_orphans(me, child.pid)
     if grace is not None:
         _end_group(me, child, grace)
     else:
