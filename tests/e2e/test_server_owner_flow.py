@@ -1,7 +1,8 @@
 """A server never outlives the flow run that launched it (real SGLang on CPU, a real Prefect server):
 
 - SIGKILL of the flow's process mid-extraction: within 10 s no process of its SGLang server is left and the port
-  is free; the next run takes the stale lock over (no helper file left) and stores every sample exactly once;
+  is free; the next run takes the stale lock over (no helper file left), stops an orphan a dead run's record names
+  (event `eagle3.server.reaped`), and stores every sample exactly once;
 - cancelling the flow run through the Prefect API (a worker runs it, as `make serve` does) stops the server.
 
 The live evaluation's servers are covered by tests/integration/test_server_owner.py.
@@ -21,8 +22,9 @@ import pytest
 
 from eagle3 import procs
 from eagle3.config import PipelineConfig
-from eagle3.server_record import ServerRecord, read_record
+from eagle3.server_record import ServerRecord, read_record, write_record
 from eagle3.store import RunStore
+from tests.e2e.test_reliability import events
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, write_prepared
 from tests.integration.test_faults_sglang import assert_exactly_once, wait_for
 from tests.ports import free_port
@@ -105,10 +107,31 @@ def test_sigkill_of_the_flow_process_mid_extraction_ends_its_server_and_the_next
     assert at_kill < len(samples)
     assert not (Path(cfg.run_dir) / "server" / "server.json").exists()  # the keeper removed its record
 
-    state = extract_flow(cfg, return_state=True)
+    # An orphan whose keeper died with its owner (as after `kill -9` of both): a process group left running and
+    # its record, here an evaluation server's. The next run stops it before launching, and says so.
+    orphan = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    try:
+        planted = plant_orphan_record(Path(cfg.run_dir) / "eval" / "server-plain" / "server.json", orphan.pid, record)
+        state = extract_flow(cfg, return_state=True)
+        assert orphan.wait(30) == -signal.SIGTERM
+    finally:
+        orphan.kill()
+        orphan.wait(30)
     assert state.is_completed(), state.message
     assert_exactly_once(store, samples, Path(cfg.run_dir) / "dump")
     assert sorted(p.name for p in store.root.glob(".lock*")) == []  # the stale lock taken over, nothing left
+    assert not planted.exists()
+    (event,) = events("eagle3.server.reaped", f"eagle3.run.{Path(cfg.run_dir).name}")
+    assert event.payload["stopped_pids"] == [orphan.pid] and event.payload["record"] == str(planted)
+    assert event.payload["owner_flow_run_id"] == record.flow_run_id
+
+
+def plant_orphan_record(path: Path, pid: int, like: ServerRecord) -> Path:
+    """A record of `pid` (leading its own group) by the dead owner of `like`."""
+    keeper = procs.identity(pid)
+    assert keeper is not None
+    write_record(path, like.model_copy(update={"pgid": pid, "keeper": keeper, "server": None, "log": str(path)}))
+    return path
 
 
 def test_cancelling_the_flow_run_through_the_api_stops_its_server(
