@@ -121,9 +121,13 @@ class OwnedProcess:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def wait(self, timeout: float | None = None) -> int:
+        return self.proc.wait(timeout)
+
     def stop(self) -> None:
-        """Close the pipe (the keeper ends the group: SIGTERM, grace, SIGKILL) and wait; SIGKILL the group if the
-        keeper does not finish in time."""
+        """Close the pipe (the keeper ends the group: SIGTERM, grace, SIGKILL) and wait until every process of the
+        group is gone (also when the keeper was killed with it: processes that die with a lot of memory take
+        a while to exit); SIGKILL what is left if the keeper does not finish in time."""
         if self._pipe_w is not None:
             with contextlib.suppress(OSError):  # the keeper is gone already (EPIPE)
                 os.write(self._pipe_w, STOP)
@@ -134,6 +138,10 @@ class OwnedProcess:
         except subprocess.TimeoutExpired:
             procs.signal_group(self.pgid, signal.SIGKILL)
             self.proc.wait(30)
+        deadline = time.monotonic() + 15.0
+        while procs.group_members(self.pgid) and time.monotonic() < deadline:
+            procs.signal_group(self.pgid, signal.SIGKILL)  # stragglers of a keeper that was killed with its group
+            time.sleep(0.1)
 
 
 # the keeper process --------------------------------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from eagle3.sglang_layers import SGLangLayers
 
 SUPPORTED_SGLANG = ("0.5.23",)
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
+PORT_FREE_WAIT_S = 15.0
 LineFn = Callable[[str], None]
 
 
@@ -146,6 +147,8 @@ def shell_line(argv: list[str], env: Mapping[str, str], base_env: Mapping[str, s
 
 
 class SGLangServer:
+    port_free_wait_s = PORT_FREE_WAIT_S
+
     def __init__(
         self,
         server: ServerConfig,
@@ -313,11 +316,14 @@ class SGLangServer:
             self.on_line(f"eagle3: {reaped.describe()}")
 
     def _check_port(self) -> None:
-        """ServerError naming the process that listens on this server's port (it is not ours: we launch next)."""
-        holders = procs.port_holders(self.port)
-        if holders:
-            setting = "server.port (server.servers[].port for one of several servers)"
-            raise ServerError(port_taken_message(self.port, self.cfg.host, holders, setting=setting))
+        """ServerError naming the process that listens on this server's port (it is not ours: we launch next).
+        Waits `port_free_wait_s` first: a server killed a moment ago may hold its socket while it exits."""
+        deadline = time.monotonic() + self.port_free_wait_s
+        while holders := procs.port_holders(self.port):
+            if time.monotonic() > deadline:
+                setting = "server.port (server.servers[].port for one of several servers)"
+                raise ServerError(port_taken_message(self.port, self.cfg.host, holders, setting=setting))
+            time.sleep(0.5)
 
     def _write_record(self) -> None:
         assert self._proc is not None

@@ -191,6 +191,7 @@ def test_a_port_held_by_a_foreign_process_is_refused_naming_it_and_the_setting(t
         assert [pid for pid, _ in holders] == [listener.pid] and "foreign-marker" in holders[0][1]
         cfg = ServerConfig(engine="sglang", device="cpu", python=str(SGLANG_PYTHON), port=port)
         server = SGLangServer(cfg, tmp_path, dump_dir=None, layers=None, log_dir=tmp_path / "log", base_env={})
+        server.port_free_wait_s = 1.0  # (a port of a server killed a moment ago is waited for 15 s)
         with pytest.raises(ServerError) as e:
             server.start()
         msg = str(e.value)
