@@ -192,6 +192,7 @@ class SGLangServer:
             return
         if self._proc is not None and self._proc.poll() is None:
             return
+        self.stop()  # one that died: its pipe closed, its stragglers gone, its record removed
         self._check_launchable()
         self._reap_orphan()
         self._check_port()
