@@ -2,7 +2,6 @@
 
     <run_dir>/leases/shard-00000.lease         exists while a process extracts shard 0; JSON owner {host, pid,
                                                started_at, token, purpose, flow_run_id, ttl_s}
-    <run_dir>/leases/shard-00000.lease.break   flock'd while a stale lease is being taken over
 
 A lease is an eagle3.lock.HeldFile: taken atomically (a complete temporary file hard-linked to the name),
 flock'd by its holder, touched every `heartbeat_s`. It expires `ttl_s` after the last touch (the file's mtime;

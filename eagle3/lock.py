@@ -2,7 +2,6 @@
 shard leases (eagle3/lease.py).
 
     <run_dir>/.lock        exists while a run holds the directory; JSON owner {host, pid, started_at, token, ...}
-    <run_dir>/.lock.break  never removed; flock'd while a stale lock is being taken over
 
 Design (docs/operations.md, "Two runs on one run directory"; docs/multinode.md for leases):
 * Acquire = create the file exclusively. The owner JSON is written and fsynced to a temporary file first and
@@ -14,9 +13,11 @@ Design (docs/operations.md, "Two runs on one run directory"; docs/multinode.md f
 * The holder touches the file every `heartbeat_s` seconds. A file from another host (shared storage, where
   flock may not reach) is stale once its mtime is older than the TTL (the owner's `ttl_s` when it recorded
   one, else the contender's); clocks must roughly agree (NTP).
-* Takeover of a stale file happens under flock on `<name>.break`: re-read the file, and only if it is still
-  the same owner (token) and still stale, remove it; then create it exclusively like anyone else. Two takers
-  are serialised, and the second finds a different token and judges afresh, so two can never both win.
+* Takeover of a stale file happens under flock on the directory that holds it (no helper file is left behind:
+  a directory is never removed, so two takers always lock the same thing): re-read the file, and only if it is
+  still the same owner (token) and still stale, remove it; then create it exclusively like anyone else. Two
+  takers are serialised, and the second finds a different token and judges afresh, so two can never both win.
+  Where a directory cannot be flock'd (NFS), the token check alone stands, as on another host.
 * The heartbeat also checks that the file still holds this owner's token; if not (taken over after a long
   stall), `check()` raises the holder's "lost" error so it stops writing.
 
@@ -43,7 +44,6 @@ from types import TracebackType
 from eagle3.fsio import fsync_dir
 
 LOCK_NAME = ".lock"
-BREAK_NAME = ".lock.break"
 DEFAULT_TTL_S = 600.0
 DEFAULT_HEARTBEAT_S = 30.0
 _NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
@@ -126,6 +126,15 @@ def _try_flock(fd: int) -> bool | None:
         raise
 
 
+def _try_flock_dir(fd: int) -> bool | None:
+    """`_try_flock` on a directory; None where the filesystem cannot lock one (NFS emulates flock with POSIX
+    locks, which need a file open for writing: EBADF)."""
+    try:
+        return _try_flock(fd)
+    except OSError:
+        return None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -196,7 +205,6 @@ class HeldFile:
         if heartbeat_s * 3 > ttl_s:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be at most a third of ttl_s={ttl_s}")
         self.path = Path(path)
-        self.break_path = self.path.with_name(self.path.name + ".break")
         self.ttl_s, self.heartbeat_s = ttl_s, heartbeat_s
         self.owner = LockOwner(
             host=host or _hostname(),
@@ -307,12 +315,12 @@ class HeldFile:
 
     def _break(self, state: LockState) -> None:
         """Remove the stale file described by `state`, unless it changed meanwhile (then the caller re-judges)."""
-        fd = os.open(self.break_path, os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             deadline = time.monotonic() + 30.0
-            while _try_flock(fd) is False:  # None (no flock here): go on without; the token check still holds
+            while _try_flock_dir(fd) is False:  # None (no flock here): go on without; the token check still holds
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.break_path}: another process is taking over {self.path}")
+                    raise TimeoutError(f"{self.path.parent}: another process is taking over {self.path}")
                 time.sleep(0.05)
             now = self.state()
             if now is None:

@@ -3,6 +3,7 @@
     SGLangServer(server_cfg, model_dir, dump_dir=..., layers=..., log_dir=..., base_env=os.environ)
         .start()      launch (or attach to server.url), wait for /health, check the hook reported in
         .stop()       SIGTERM to the process group, SIGKILL after a grace period (safe to call twice)
+        .record_path  <log_dir>/server.json while the launched server may run (eagle3/server_record.py)
         .restart()    stop + start, at most server.max_restarts times
         .is_alive()   the launched process is running (attach: /health answers)
         .log_tail(n)  the last lines of the server log, quoted in every error
@@ -11,16 +12,21 @@ The server runs with `server.python` (SGLang's own environment, deploy/sglang_en
 directory with no `server_patch` folder, so Python imports the installed plugin, never a source folder.
 The environment is passed in (`base_env`), never read here; on CPU we add SGLANG_USE_CPU_ENGINE=1 and the
 stub libcuda on LD_LIBRARY_PATH. Each start gets a fresh `<dump_dir>/.plugin/` where the hook reports.
+
+A launched server is bound to the process that launched it (eagle3/keeper.py): it runs under a keeper that ends
+its whole process group when this process dies, however it dies. Before launching, `start()` stops an orphan
+that a dead owner left in the same log directory (`self.reaped` says what it found) and refuses a port that
+another process listens on, naming that process and the setting to change. The flow run id (for the record and
+the logs) comes from `base_env[FLOW_RUN_ENV]`, which Prefect sets in a deployment's flow-run process and the
+task layer adds otherwise.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
-import signal
-import subprocess
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -30,10 +36,23 @@ from typing import Any
 import httpx
 
 from eagle3 import dump_protocol as proto
+from eagle3 import procs
 from eagle3.config import ServerConfig
+from eagle3.keeper import OwnedProcess
+from eagle3.server_record import (
+    Reaped,
+    ServerRecord,
+    port_taken_message,
+    reap_orphan,
+    record_path,
+    remove_record,
+    write_record,
+)
 from eagle3.sglang_layers import SGLangLayers
 
 SUPPORTED_SGLANG = ("0.5.23",)
+FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
+PORT_FREE_WAIT_S = 15.0
 LineFn = Callable[[str], None]
 
 
@@ -128,6 +147,8 @@ def shell_line(argv: list[str], env: Mapping[str, str], base_env: Mapping[str, s
 
 
 class SGLangServer:
+    port_free_wait_s = PORT_FREE_WAIT_S
+
     def __init__(
         self,
         server: ServerConfig,
@@ -156,9 +177,11 @@ class SGLangServer:
         self.attached = server.url is not None
         self.url = (server.url or f"http://{server.host}:{self.port}").rstrip("/")
         self.log_path = self.log_dir / "sglang.log"
+        self.record_path = record_path(self.log_dir)
         self.restarts = 0
         self.version: str | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.reaped: list[Reaped] = []  # orphans of dead owners this object stopped before launching
+        self._proc: OwnedProcess | None = None
         self._follower: _LogFollower | None = None
 
     # lifecycle -----------------------------------------------------------------------------
@@ -169,7 +192,10 @@ class SGLangServer:
             return
         if self._proc is not None and self._proc.poll() is None:
             return
+        self.stop()  # one that died: its pipe closed, its stragglers gone, its record removed
         self._check_launchable()
+        self._reap_orphan()
+        self._check_port()
         argv = build_command(
             self.cfg, self.model_dir, self.layers, port=self.port, device=self.device, radix_cache=self.radix_cache
         )
@@ -192,19 +218,17 @@ class SGLangServer:
                 f"\n==== eagle3: launching SGLang {time.ctime()}\n{shell_line(argv, env, self.base_env)}\n".encode()
             )
             log.flush()
-            self._proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # its own process group: stop() reaches the scheduler children too
+            # Under a keeper, in a process group of its own: stop() reaches the scheduler children too, and
+            # the whole group ends when this process dies.
+            self._proc = OwnedProcess.launch(
+                argv, cwd=cwd, env=env, stdout=log, grace_s=self.stop_grace_s, record=self.record_path
             )
         if self.on_line is not None and self._follower is None:
             self._follower = _LogFollower(self.log_path, self.on_line, offset)
         try:
+            self._write_record()
             self._wait_healthy(self.cfg.startup_timeout_s)
+            self._write_record()  # now with the server's own process
             self.version = self._server_info().get("version")
             if self.layers is not None:
                 self._check_hook()
@@ -214,15 +238,9 @@ class SGLangServer:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            _signal_group(proc, signal.SIGTERM)
-            try:
-                proc.wait(self.stop_grace_s)
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait(30)
         if proc is not None:
-            _signal_group(proc, signal.SIGKILL)  # stragglers of the group (the leader may exit first)
+            proc.stop()  # the keeper ends the group (SIGTERM, grace, SIGKILL) and exits
+            remove_record(self.record_path, proc.pid)
         if self._follower is not None:
             self._follower.close()
             self._follower = None
@@ -242,8 +260,8 @@ class SGLangServer:
 
     @property
     def pgid(self) -> int | None:
-        """Process group of a launched server (its leader's pid); None when attached or stopped."""
-        return self._proc.pid if self._proc is not None else None
+        """Process group of a launched server (its keeper's pid); None when attached or stopped."""
+        return self._proc.pgid if self._proc is not None else None
 
     def is_alive(self) -> bool:
         if self.attached:
@@ -285,6 +303,50 @@ class SGLangServer:
                 f"no stub libcuda under {venv_dir(self.cfg.python) / 'stub'}; SGLang on CPU needs it: "
                 "run deploy/sglang_env.sh on this machine"
             )
+
+    def _reap_orphan(self) -> None:
+        """Stop the server a dead owner left in this log directory (eagle3/server_record.py)."""
+        reaped = reap_orphan(self.record_path, grace_s=self.stop_grace_s)
+        if reaped is None:
+            return
+        self.reaped.append(reaped)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            log.write(f"\n==== eagle3: {reaped.describe()}\n")
+        if self.on_line is not None:
+            self.on_line(f"eagle3: {reaped.describe()}")
+
+    def _check_port(self) -> None:
+        """ServerError naming the process that listens on this server's port (it is not ours: we launch next).
+        Waits `port_free_wait_s` first: a server killed a moment ago may hold its socket while it exits."""
+        deadline = time.monotonic() + self.port_free_wait_s
+        while holders := procs.port_holders(self.port):
+            if time.monotonic() > deadline:
+                setting = "server.port (server.servers[].port for one of several servers)"
+                raise ServerError(port_taken_message(self.port, self.cfg.host, holders, setting=setting))
+            time.sleep(0.5)
+
+    def _write_record(self) -> None:
+        assert self._proc is not None
+        keeper = procs.identity(self._proc.pid)
+        owner = procs.identity(os.getpid())
+        if keeper is None or owner is None:  # the keeper already exited: _wait_healthy says why
+            return
+        children = [p for p in procs.descendants(keeper.pid) if procs.parent(p) == keeper.pid]
+        server = procs.identity(children[0]) if children else None
+        record = ServerRecord(
+            host=socket.gethostname(),
+            port=self.port,
+            url=self.url,
+            pgid=self._proc.pgid,
+            keeper=keeper,
+            server=server,
+            owner=owner,
+            flow_run_id=self.base_env.get(FLOW_RUN_ENV),
+            started_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            log=str(self.log_path.resolve()),
+        )
+        write_record(self.record_path, record)
 
     def _wait_healthy(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -344,11 +406,6 @@ class SGLangServer:
             raise ServerError(f"the server at {self.url} is not launched for extraction: {'; '.join(bad)}")
         if self.layers is not None:
             self._check_hook()
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)  # start_new_session=True made the server its group's leader
 
 
 class _LogFollower:

@@ -93,8 +93,12 @@ def build_server_engine(
             dtype=cfg.server.dtype,
             batch_tokens=cfg.server.batch_tokens,
         )
-    if spec.dump_dir is None:
-        return build_engine(cfg, model_dir)  # the single-server layout
+    if spec.dump_dir is None:  # the single-server layout
+        if cfg.server.engine == "sglang":
+            from eagle3.engines.sglang_engine import build_sglang_engine
+
+            return build_sglang_engine(cfg, model_dir, base_env=base_env)
+        return build_engine(cfg, model_dir)
     return _sglang_engine(spec, model_dir, base_env=base_env, on_line=on_line)
 
 

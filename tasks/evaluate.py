@@ -4,7 +4,6 @@ evaluate.fail_on_slowdown is off: such a draft slows serving down."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -27,6 +26,7 @@ from eagle3.export import default_export_dir
 from eagle3.fsio import read_json
 from eagle3.store import RunInfo
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
+from tasks.server import reap_orphan_servers, server_env
 
 EVALUATE_TIMEOUT_S = 6 * 3600
 NOT_FAILING = "(the run does not fail: evaluate.fail_on_slowdown is off)"
@@ -120,12 +120,13 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)
     live = previous_live(config, len(prompts))
     if live is None:
+        reap_orphan_servers(config.run_dir)  # the servers of a killed earlier evaluation, before ours launch
         live_report = TaskProgress(
             logger, "evaluate-live", key=run_key(config.run_dir, "evaluate-live-progress"), unit="requests"
         )
         live = evaluate_live(
             prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
-            evaluate=ev, base_env=dict(os.environ), progress=live_report,
+            evaluate=ev, base_env=server_env(), progress=live_report,
         )  # fmt: skip
     goes_on = f" {NOT_FAILING}" if live.flag and not ev.fail_on_slowdown else ""
     (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on)

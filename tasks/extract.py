@@ -47,6 +47,7 @@ from tasks.extract_plan import (
 )
 from tasks.extract_report import RunProgressBoard, disk_low
 from tasks.extract_servers import server_count, server_pool
+from tasks.server import reap_orphan_servers
 
 OPEN_RUN_TIMEOUT_S = 15 * 60  # hashes the model directory (weights > 64 MiB: first and last MiB only)
 SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.shard_size with care
@@ -88,6 +89,7 @@ def open_run_task(config: PipelineConfig, model_dir: str, shards: list[int] | No
     start the run-level progress artifact. `shards` (a retry's plan) replaces extract.shards."""
     logger = get_run_logger()
     store = RunStore(config.run_dir)
+    reap_orphan_servers(config.run_dir)  # before this run's servers launch on the same ports
     pool = server_pool(config, model_dir)
     info = open_run(config, store, Path(model_dir), pool.info)
     prepared = store.read_prepared_manifest()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import socket
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
 from eagle3.servers import ServerSpec, build_server_engine, server_specs
+from tasks.server import server_env
 
 _POOLS: dict[str, ServerPool] = {}
 _POOLS_LOCK = threading.Lock()
@@ -55,7 +55,7 @@ class ServerPool:
                 self._engines[index] = build_server_engine(
                     spec,
                     self.model_dir,
-                    base_env=dict(os.environ),  # the task is the edge: NCCL_*/CUDA_* of the worker pass through
+                    base_env=server_env(),  # the task is the edge: NCCL_*/CUDA_* of the worker pass through
                     on_line=server_log(spec.label),
                 )
             return self._engines[index]

@@ -1,15 +1,36 @@
-"""Shared fixtures. The demo model is installed once into the repo's data/ dir and reused."""
+"""Shared fixtures. The demo model is installed once into the repo's data/ dir and reused.
+
+A test session leaves no process behind, whether it finishes or is stopped with SIGTERM (a CI timeout, an
+operator, deploy/run_tests.sh forwarding one):
+* SIGTERM is turned into KeyboardInterrupt (and stops the session), so fixtures are torn down: a Prefect server,
+  an SGLang server, a worker started by a fixture stops. pytest's default SIGTERM would end it without teardown.
+  (The SGLang servers and trainers go with this process in any case: eagle3/keeper.py, eagle3/train_launch.py.)
+* Every process the session starts inherits SESSION_ENV; at the very end (after the session fixtures' teardown)
+  the project's processes that still carry this session's mark (Prefect servers and workers, SGLang servers and
+  their keepers, torchrun, eagle3) are listed, killed, and fail the run.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
+SESSION_ENV = "PYTEST_PROJECT_SESSIONS"  # not EAGLE3_*: the SGLang launch drops those from the server's environment
+PROJECT_SIGNS = ("prefect", "sglang", "eagle3", "torch.distributed", "torchrun", "train_worker", "uvicorn")
+# Servers stopped by the last teardown (SIGTERM, grace) may take a few seconds to go.
+LEFTOVER_WAIT_S = float(os.environ.get("PYTEST_LEFTOVER_WAIT_S", "20"))
+EPHEMERAL_PREFECT = "prefect.server.api.server:create_app"
+_SESSION: dict[str, Any] = {}
 
 
 @pytest.fixture(scope="session")
@@ -48,3 +69,71 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     if report.skipped and os.environ.get("CI") and any(item.get_closest_marker(m) for m in _MUST_RUN_IN_CI):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI, where the {_MUST_RUN_IN_CI} tiers must run: {report.longrepr}"
+
+
+# no process left behind ----------------------------------------------------------------------------------------------
+def _on_sigterm(signum: int, frame: object) -> None:
+    session = _SESSION.get("session")
+    if session is not None:
+        session.shouldstop = "SIGTERM received: stopping (fixtures are torn down)"
+    raise KeyboardInterrupt(f"signal {signum} (SIGTERM): stopping the test run")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    token = f"{os.getpid()}-{secrets.token_hex(4)}"
+    _SESSION.update(session=session, token=token)
+    # Appended: a pytest run started by a test (tests/integration/test_no_leftovers.py) marks its processes for both.
+    os.environ[SESSION_ENV] = " ".join(filter(None, [os.environ.get(SESSION_ENV, ""), token]))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def session_processes(token: str) -> list[tuple[int, str]]:
+    """(pid, command line) of live project processes whose environment carries `token` (not this one)."""
+    from eagle3 import procs
+
+    out = []
+    for pid in procs.pids():
+        if pid == os.getpid() or procs.is_zombie(pid):
+            continue
+        try:
+            env = (Path("/proc") / str(pid) / "environ").read_bytes()
+        except OSError:
+            continue
+        if f"{SESSION_ENV}=".encode() not in env:
+            continue
+        marks = next((v for v in env.split(b"\0") if v.startswith(f"{SESSION_ENV}=".encode())), b"")
+        if token.encode() not in marks.split(b"=", 1)[1].split():
+            continue
+        line = " ".join(procs.cmdline(pid))
+        if EPHEMERAL_PREFECT in line and procs.parent(pid) == os.getpid():
+            continue  # Prefect's own temporary server of this process: Prefect stops it at exit (atexit)
+        if any(sign in line for sign in PROJECT_SIGNS):
+            out.append((pid, line))
+    return out
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After every fixture's teardown: list, kill and fail on project processes this session left running."""
+    token = _SESSION.get("token")
+    if token is None:
+        return
+    deadline = time.monotonic() + LEFTOVER_WAIT_S
+    left = session_processes(token)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = session_processes(token)
+    if not left:
+        return
+    for pid, _ in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    lines = "\n".join(f"  pid {pid}: {line[:300]}" for pid, line in left)
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"LEFTOVER PROCESSES: this test run left {len(left)} project process(es) running (now killed):\n{lines}"
+    if tr is not None:
+        tr.write_line(message, red=True)
+    else:
+        print(message)
+    if session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

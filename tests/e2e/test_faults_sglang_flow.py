@@ -24,7 +24,7 @@ LAUNCH = "==== eagle3: launching SGLang"  # eagle3/server.py writes it to the se
 
 
 def server_leaders(port: int) -> list[int]:
-    """Pids of `sglang.launch_server` processes listening on `port` (each leads its own process group)."""
+    """Pids of `sglang.launch_server` processes listening on `port` (each in the process group of its keeper)."""
     out = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -32,7 +32,7 @@ def server_leaders(port: int) -> list[int]:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"sglang.launch_server" in argv and b"--port" in argv and str(port).encode() in argv:
+            if b"sglang.launch_server" in argv[:3] and b"--port" in argv and str(port).encode() in argv:  # not keepers
                 out.append(int(d.name))
     return out
 
@@ -58,7 +58,7 @@ def test_a_server_sigkilled_mid_shard_is_restarted_by_the_flow_and_the_shard_hol
         try:
             wait_for("two samples in the store", lambda: files() >= 2, 900)
             (leader,) = server_leaders(PORT)
-            os.killpg(leader, signal.SIGKILL)  # the whole server at once, as the OOM killer would
+            os.killpg(os.getpgid(leader), signal.SIGKILL)  # the whole server (and its keeper) at once
             killed["samples_at_kill"] = files()
         except BaseException as e:
             killed["error"] = e

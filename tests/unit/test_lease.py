@@ -84,6 +84,7 @@ def test_a_killed_owners_lease_is_taken_over_at_once(tmp_path: Path) -> None:
         assert lease.took_over is not None and lease.took_over.owner is not None
         assert lease.took_over.owner.pid == proc.pid and "no live process" in (lease.took_over.stale or "")
         assert read_owner(lease_path(tmp_path, 2)) == lease.owner
+        assert sorted(p.name for p in lease_path(tmp_path, 2).parent.iterdir()) == [lease_path(tmp_path, 2).name]
 
 
 def test_another_hosts_lease_lives_while_it_beats_and_expires_after_its_own_ttl(tmp_path: Path) -> None:

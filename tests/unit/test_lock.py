@@ -75,6 +75,8 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_at_once(tmp_path: Path) -
         assert lock.took_over is not None and lock.took_over.owner is not None
         assert lock.took_over.owner.pid == proc.pid
         assert read_owner(tmp_path / LOCK_NAME) == lock.owner
+        assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]  # no helper file of the takeover
+    assert sorted(tmp_path.iterdir()) == []
 
 
 def test_a_reused_pid_does_not_keep_a_dead_lock_alive(tmp_path: Path) -> None:
@@ -143,6 +145,7 @@ def test_many_takers_of_one_stale_lock_give_exactly_one_winner(tmp_path: Path) -
     assert len(winners) == 1 and len(refused) == 5
     assert read_owner(tmp_path / LOCK_NAME) == winners[0].owner
     winners[0].release()
+    assert sorted(tmp_path.iterdir()) == []  # nothing left by six takers
 
 
 def test_a_released_lock_can_be_taken_again_and_release_is_idempotent(tmp_path: Path) -> None:
