@@ -45,8 +45,30 @@ class SynthesizeConfig(StrictModel):
     max_new_tokens: int = Field(256, gt=0, le=32768, description="Longest generated assistant turn.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling cut-off when temperature > 0.")
-    batch_size: int = Field(8, gt=0, le=1024, description="Prompts generated together.")
-    seed: int = Field(0, description="Sampling seed (temperature > 0).")
+    batch_size: int = Field(8, gt=0, le=1024, description="transformers engine: prompts generated together.")
+    seed: int = Field(0, description="Sampling seed (temperature > 0; transformers engine).")
+    concurrency: int = Field(
+        64,
+        gt=0,
+        le=4096,
+        description="sglang engine: generation requests in flight, spread over every server of the run (the "
+        "server batches them).",
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="sglang engine: seconds per generation request.")
+    request_retries: int = Field(
+        3, ge=0, le=20, description="sglang engine: resends of a request that timed out or met a dead server."
+    )
+    on_truncated: Literal["keep", "drop"] = Field(
+        "keep",
+        description="A generated turn cut at max_new_tokens (finish reason `length`): `keep` it in the data, or "
+        "`drop` the sample. Counted either way in the synthesize artifact and synthesized/summary.json.",
+    )
+
+    def generation_key(self) -> dict[str, Any]:
+        """The settings the generated text depends on (not how it is scheduled: batch size, concurrency, timeouts)."""
+        return self.model_dump(
+            mode="json", exclude={"batch_size", "concurrency", "request_timeout_s", "request_retries", "on_truncated"}
+        )
 
 
 class ServerSlot(StrictModel):

@@ -35,7 +35,7 @@ def test_synthesize_regenerates_turns_and_rerun_does_no_generation(
     source = prepare(cfg, store, demo_model)
     source_ids = [s.sample_id for i in range(len(source.shards)) for s in store.prepared_samples(i)]
 
-    m = synth.synthesize(cfg, store, demo_model)
+    m = synth.synthesize(cfg, store, demo_model).manifest
     assert m.dataset == f"synthesized:{data}" and m.dataset_fingerprint != source.dataset_fingerprint
     assert m.num_samples == 3 and m.shards == [2, 1]
 
@@ -63,9 +63,9 @@ def test_synthesize_regenerates_turns_and_rerun_does_no_generation(
 
     monkeypatch.setattr(synth, "load_model", no_model)
     mtimes = [synth.synthesized_shard_path(store, i).stat().st_mtime_ns for i in range(2)]
-    assert synth.synthesize(cfg, store, demo_model) == m
+    assert synth.synthesize(cfg, store, demo_model).manifest == m
     assert prepare(cfg, store, demo_model).dataset_fingerprint == source.dataset_fingerprint
-    again = synth.synthesize(cfg, store, demo_model)
+    again = synth.synthesize(cfg, store, demo_model).manifest
     assert again.dataset_fingerprint == m.dataset_fingerprint and again.num_samples == 3
     assert [s.sample_id for i in range(2) for s in store.prepared_samples(i)] == synth_ids
     assert [synth.synthesized_shard_path(store, i).stat().st_mtime_ns for i in range(2)] == mtimes
