@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from eagle3.generate_client import GenerationClient, GenerationFailed, Server
 from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
 from eagle3.prepare import RawRow, dataset_fingerprint, is_current, prepare, read_json_lines, write_prepared
 from eagle3.progress import Progress, ProgressCounter, ProgressFn, no_progress
-from eagle3.store import DTYPES, PreparedManifest, RunStore
+from eagle3.store import DTYPES, BadRow, PreparedManifest, RunStore
 
 HEARTBEAT_S = 5.0  # the progress report's longest silence while requests are in flight
 
@@ -146,6 +147,7 @@ def _record(job: Job, messages: list[Message], turns: list[Turn]) -> dict[str, A
         "finish_reasons": [t.finish_reason for t in turns],
         "unfinished_turns": sum(t.finish_reason == "length" for t in turns),
         "tokens": sum(t.tokens for t in turns),
+        "generated_by": os.getpid(),  # which process generated it (a re-run after a kill redoes none of these)
         "messages": messages,
     }
 
@@ -422,7 +424,7 @@ def synthesize(
         assert current is not None
         return Synthesized(current, summary)
     source = current if is_current(current, store, source_fp, tok_sha, cfg.data) else None
-    source = source or prepare(cfg, store, model_dir, report)  # prepared/ may hold an older synthesis
+    source = source or prepare(cfg, store, model_dir)  # prepared/ may hold an older synthesis (quiet: one figure)
     _claim_dir(store, key)
     (synthesized_dir(store) / "samples").mkdir(parents=True, exist_ok=True)
     todo, done_before = _jobs(store, source)
@@ -462,6 +464,13 @@ def synthesize(
         stage="synthesize-tokenize",
         fmt="openai",
     )
+    failed_rows = [
+        BadRow(file=f, row=r, reason=f"synthesize: {x.reason}") for x in failed for f, r in [_file_row(x.row)]
+    ]
+    manifest = manifest.model_copy(  # the input's bad rows stay listed, with the samples that failed here
+        update={"bad_rows": [*source.bad_rows, *manifest.bad_rows, *failed_rows], "duplicates": source.duplicates}
+    )
+    store.write_prepared_manifest(manifest)
     atomic_write_json(summary_path(store), summary.model_dump(mode="json"))
     report(final)  # the stage's last figure is the generation's, not the tokenize step's
     return Synthesized(manifest, summary)
