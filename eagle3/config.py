@@ -37,6 +37,16 @@ class DataConfig(StrictModel):
     on_bad_row: Literal["skip", "fail"] = Field(
         "skip", description="`skip` reports bad rows (file, row, reason) and goes on; `fail` stops the stage."
     )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template file that replaces the tokenizer's own, wherever a conversation is "
+        "rendered (prepare, synthesize, evaluate). None: the model's template.",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the chat template everywhere it is rendered, e.g. {enable_thinking: "
+        "true} for a reasoning model (as served: use the same values the server's requests use).",
+    )
 
 
 class SynthesizeConfig(StrictModel):

@@ -61,6 +61,8 @@ def dataset_fingerprint(data: DataConfig) -> str:
     path = Path(data.dataset)
     _check_path(path)
     h = hashlib.sha256(json.dumps(data.model_dump(mode="json"), sort_keys=True).encode())
+    if data.chat_template is not None and Path(data.chat_template).is_file():  # its text, not only its name
+        h.update(b"\0chat_template\0" + Path(data.chat_template).read_bytes())
     for f in dataset_files(path):
         h.update(f"\0{f.relative_to(path) if path.is_dir() else f.name}\0{f.stat().st_size}\0".encode())
         with open(f, "rb") as fh:
@@ -259,7 +261,7 @@ def prepare(
     if is_current(existing, store, fingerprint, tok_sha, cfg.data):
         assert existing is not None
         return existing
-    chat = ChatTokenizer.from_model_dir(model_dir)
+    chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
     total, rows = read_rows(cfg.data)
     return write_prepared(
         rows,

@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.chat import ChatTokenizer, Message, RowError
+from eagle3.chat import ChatTokenizer, Message, RowError, split_reasoning
 from eagle3.config import PipelineConfig, ServerConfig, SynthesizeConfig
 from eagle3.fsio import atomic_write_json, atomic_write_text, read_json, remove_stale_temps
 from eagle3.generate_client import GenerationClient, GenerationFailed, Server
@@ -100,9 +100,14 @@ class Job:
 
 @dataclass(frozen=True)
 class Turn:
-    text: str
+    text: str  # the answer
     finish_reason: str  # "stop" | "length" | what the server said
     tokens: int
+    reasoning: str | None = None  # the thinking before `</think>`, kept as the message's reasoning_content
+
+    def message(self) -> Message:
+        msg = {"role": "assistant", "content": self.text}
+        return msg if self.reasoning is None else {**msg, "reasoning_content": self.reasoning}
 
 
 def synthesized_dir(store: RunStore) -> Path:
@@ -183,9 +188,11 @@ def _stop_ids(chat: ChatTokenizer, gen_eos: int | list[int] | None) -> list[int]
 def turn_of(chat: ChatTokenizer, ids: list[int], stops: Sequence[int], finish_reason: str | None = None) -> Turn:
     """The text of generated ids, cut at the first stop token; `finish_reason` None: stop if one came."""
     cut = next((i for i, t in enumerate(ids) if t in stops), None)
-    text = chat.tokenizer.decode(ids[:cut] if cut is not None else ids, skip_special_tokens=True).strip()
+    reasoning, text = split_reasoning(
+        chat.tokenizer.decode(ids[:cut] if cut is not None else ids, skip_special_tokens=True)
+    )
     tokens = len(ids) if cut is None else cut + 1
-    return Turn(text, finish_reason or ("stop" if cut is not None else "length"), tokens)
+    return Turn(text, finish_reason or ("stop" if cut is not None else "length"), tokens, reasoning)
 
 
 # transformers engine ------------------------------------------------------------------------------
@@ -285,7 +292,7 @@ def regenerate(
             batch = todo[b : b + scfg.batch_size]
             outs = generate_batch(model, chat, [prompts[ci] for ci in batch], scfg, lambda n: counter.add(0, tokens=n))
             for ci, turn in zip(batch, outs, strict=True):
-                convs[ci][positions[ci][r]] = {"role": "assistant", "content": turn.text}
+                convs[ci][positions[ci][r]] = turn.message()
                 turns[ci].append(turn)
                 if r == len(positions[ci]) - 1:  # a conversation is done once its last turn is generated
                     on_done(jobs[ci], convs[ci], turns[ci])
@@ -299,7 +306,7 @@ def regenerate_one(client: GenerationClient, chat: ChatTokenizer, job: Job) -> t
     for k, i in enumerate(i for i, m in enumerate(conv) if m["role"] == "assistant"):
         out = client.generate(prompt_ids(chat, conv[:i]), sample_id=job.sample_id, turn=k)
         turn = turn_of(chat, out.output_ids, client.stop_ids, out.finish_reason)
-        conv[i] = {"role": "assistant", "content": turn.text}
+        conv[i] = turn.message()
         turns.append(turn)
     return conv, turns
 
@@ -407,7 +414,7 @@ def synthesize(
     `servers`: the run's SGLang servers (started here if they are not), for `server.engine: sglang`."""
     if cfg.server.engine == "sglang" and not servers:
         raise ValueError("server.engine is sglang: synthesize needs the run's SGLang servers (see open_servers)")
-    chat = ChatTokenizer.from_model_dir(model_dir)
+    chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
     tok_sha = tokenizer_fingerprint(model_dir)
     source_fp = dataset_fingerprint(cfg.data)
     key = SynthesizedKey(
