@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from eagle3.sources import DataSource
+
 Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
 STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
 DEFAULT_STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract")
@@ -23,10 +25,18 @@ class DataConfig(StrictModel):
 
     dataset: str = Field(
         "data/demo_prompts.jsonl",
-        description="Local JSONL or Parquet file, or a directory saved with datasets.save_to_disk. "
-        "Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
+        description="Local JSONL or Parquet file, a directory saved with datasets.save_to_disk, a dataset "
+        "repository directory, or a Hugging Face Hub dataset id (read with datasets.load_dataset; offline: "
+        "pre-download it). Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
     )
-    split: str = Field("train", description="Split to read when `dataset` is a saved DatasetDict.")
+    split: str = Field("train", description="Split to read (a saved DatasetDict, a Hub dataset or repository).")
+    subset: str | None = Field(None, description="Hub dataset / repository: the configuration (subset) name.")
+    revision: str | None = Field(None, description="Hub dataset: a branch, tag or commit to pin.")
+    sources: list[DataSource] = Field(
+        default_factory=list,
+        description="Several datasets, read in this order, each with its own split and max_samples (then "
+        "`dataset`, `subset`, `split` and `revision` above are not used). Empty: the one `dataset`.",
+    )
     format: Literal["auto", "sharegpt", "openai"] = Field("auto", description="Row schema; `auto` detects it per row.")
     max_length: int = Field(2048, gt=8, le=1_048_576, description="Longest sample in tokens.")
     truncate: bool = Field(
