@@ -37,6 +37,8 @@ class Server(Protocol):
 
     url: str
 
+    def start(self) -> None: ...  # a no-op for a server that runs
+
     def is_alive(self) -> bool: ...
 
     def restart(self, reason: str) -> None: ...

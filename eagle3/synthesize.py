@@ -520,9 +520,7 @@ def _generate(
 
         assert servers
         for server in servers:
-            start = getattr(server, "start", None)
-            if start is not None:
-                start()  # no-op for a server that runs
+            server.start()  # a no-op for a server that runs (a pipeline run's, already used)
         stops = stop_token_ids_of(model_dir, chat)
         with GenerationClient(servers, cfg.synthesize, stop_ids=stops, run_id=run_id_of(Path(cfg.run_dir))) as client:
             jobs = [j for shard in todo for j in shard]

@@ -178,3 +178,17 @@ def test_a_server_killed_mid_synthesize_is_restarted_and_every_sample_is_kept_on
     recs = records(store)
     dataset = REPO / "data" / "demo_prompts.jsonl"
     assert sorted(r["source"] for r in recs) == sorted(f"{dataset}:{i}" for i in range(16))  # each once, none lost
+
+
+def test_requests_that_keep_timing_out_are_given_up_per_row_after_the_retries_with_a_rid_each(
+    tmp_path: Path, demo_model: Path, server: SGLangServer
+) -> None:
+    cfg = config(tmp_path / "run", demo_model, PROMPTS, request_timeout_s=0.01, request_retries=1)
+    out = synth.synthesize(cfg, RunStore(cfg.run_dir), demo_model, servers=[server])
+    assert sorted(f.row for f in out.summary.failed) == [f"{PROMPTS}:{i}" for i in range(3)]  # each row, reported
+    for f in out.summary.failed:
+        assert "gave up after 2 attempts (synthesize.request_retries)" in f.reason
+        assert (
+            "no answer within 0s (synthesize.request_timeout_s)" in f.reason and ".1-" in f.reason
+        )  # the resend's rid
+    assert out.manifest.num_samples == 0 and server.is_alive()
