@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
+from eagle3.config import DataConfig
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": str[, "reasoning_content": str]}
 RowFormat = Literal["auto", "sharegpt", "openai"]
 
 ROLES = {
@@ -34,6 +36,8 @@ ROLES = {
 }
 _KEYS = {"sharegpt": "conversations", "openai": "messages"}
 _SENTINEL = "\ue000eagle3-assistant-{}\ue001"  # private-use code points: no template or text contains them
+_REASONING = "\ue000eagle3-reasoning-{}\ue001"
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # how thinking models print their reasoning
 
 
 class RowError(ValueError):
@@ -88,10 +92,27 @@ def normalize_row(row: Mapping[str, Any], fmt: RowFormat = "auto") -> list[Messa
             raise RowError(f"content not decodable in message {i} ({role}): {e.reason} at {e.start}") from None
         if not content.strip():
             raise RowError(f"empty content in message {i} ({role})")
-        messages.append({"role": role, "content": content})
+        message: Message = {"role": role, "content": content}
+        reasoning = msg.get("reasoning_content")
+        if reasoning is not None and role == "assistant":  # OpenAI-style separated reasoning (thinking models)
+            if not isinstance(reasoning, str):
+                raise RowError(f"reasoning_content not a string in message {i}: got {type(reasoning).__name__}")
+            if reasoning.strip():
+                message["reasoning_content"] = reasoning
+        messages.append(message)
     if not any(m["role"] == "assistant" for m in messages):
         raise RowError("no assistant turn")
     return messages
+
+
+def split_reasoning(text: str) -> tuple[str | None, str]:
+    """A generated turn `[<think>]reasoning</think>answer` -> (reasoning, answer); no closing tag: (None, text).
+    The opening tag may be in the generation prompt (templates that start the thinking for the model)."""
+    head, sep, tail = text.partition(THINK_CLOSE)
+    if not sep:
+        return None, text.strip()
+    reasoning = head.strip().removeprefix(THINK_OPEN).strip()
+    return (reasoning or None), tail.strip()
 
 
 def canonical_json(messages: list[Message]) -> str:
@@ -118,7 +139,17 @@ class Tokenized:
 class ChatTokenizer:
     """A fast Hugging Face tokenizer with a chat template, plus the loss-mask logic."""
 
-    def __init__(self, tokenizer: Any, name: str = "tokenizer"):
+    def __init__(
+        self,
+        tokenizer: Any,
+        name: str = "tokenizer",
+        *,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ):
+        if chat_template is not None:  # data.chat_template: replaces the tokenizer's own
+            tokenizer.chat_template = chat_template
+        self.template_kwargs = dict(template_kwargs or {})  # data.chat_template_kwargs, e.g. enable_thinking
         if not getattr(tokenizer, "is_fast", False):
             raise ChatTemplateError(f"{name}: a fast tokenizer (tokenizer.json) is needed for the loss mask")
         if not getattr(tokenizer, "chat_template", None):
@@ -134,15 +165,25 @@ class ChatTokenizer:
         self.end_of_turn = self._probe_end_of_turn()
 
     @classmethod
-    def from_model_dir(cls, model_dir: Path) -> ChatTokenizer:
+    def from_model_dir(cls, model_dir: Path, data: DataConfig | None = None) -> ChatTokenizer:
+        """The model's tokenizer, with `data.chat_template` (a Jinja file) and `data.chat_template_kwargs`."""
         from transformers import AutoTokenizer
 
-        return cls(AutoTokenizer.from_pretrained(model_dir), name=str(model_dir))
+        template = None
+        if data is not None and data.chat_template is not None:
+            path = Path(data.chat_template)
+            if not path.is_file():
+                raise ChatTemplateError(f"data.chat_template: {path} does not exist (a Jinja chat template file)")
+            template = path.read_text(encoding="utf-8")
+        kwargs = data.chat_template_kwargs if data is not None else None
+        return cls(
+            AutoTokenizer.from_pretrained(model_dir), str(model_dir), chat_template=template, template_kwargs=kwargs
+        )
 
     def render(self, messages: list[Message], add_generation_prompt: bool = False) -> str:
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, **self.template_kwargs
             )
         except Exception as e:  # jinja raises TemplateError/TypeError for conversations it refuses
             raise RowError(f"chat template refused the conversation: {type(e).__name__}: {e}") from None
@@ -167,39 +208,75 @@ class ChatTokenizer:
         eot = self._leading_special(tail) if sep else None
         return eot.strip() if eot else None
 
-    def assistant_spans(self, messages: list[Message]) -> tuple[str, list[tuple[int, int]]]:
-        """The rendered text and the [start, end) character spans that go into the loss."""
-        text = self.render(messages)
-        marked = [
-            {"role": m["role"], "content": _SENTINEL.format(k)} if m["role"] == "assistant" else m
-            for k, m in enumerate(messages)
-        ]
-        if any("\ue000" in m["content"] for m in messages):
-            raise RowError("content contains private-use character U+E000 used as the loss-mask sentinel")
-        chunks: list[str] = []
+    def _marked(self, messages: list[Message], reasoning: bool) -> tuple[list[tuple[str, int]], list[str]]:
+        """Render with each assistant content (and, with `reasoning`, each reasoning) replaced by a sentinel.
+        Returns the fields in the order the template printed them, ("content" | "reasoning", message index),
+        and the literal chunks around them (one more than fields). A reasoning the template leaves out (e.g.
+        Qwen3 drops the thinking of turns before the last user turn) is not a field."""
+        marked: list[Message] = []
+        for k, m in enumerate(messages):
+            if m["role"] != "assistant":
+                marked.append(m)
+                continue
+            mm = {"role": "assistant", "content": _SENTINEL.format(k)}
+            if reasoning and "reasoning_content" in m:
+                mm["reasoning_content"] = _REASONING.format(k)
+            marked.append(mm)
         rest = self.render(marked)
-        order = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
-        for k in order:
-            head, sep, rest = rest.partition(_SENTINEL.format(k))
-            if not sep:
-                raise RowError(f"chat template did not print assistant message {k}; cannot build the loss mask")
+        found: list[tuple[int, str, int]] = []
+        for k, mm in enumerate(marked):
+            for kind, sentinel in (("content", _SENTINEL), ("reasoning", _REASONING)):
+                if mm["role"] != "assistant" or (kind == "reasoning" and "reasoning_content" not in mm):
+                    continue
+                pos = rest.find(sentinel.format(k))
+                if pos < 0 and kind == "content":
+                    raise RowError(f"chat template did not print assistant message {k}; cannot build the loss mask")
+                if pos >= 0:
+                    found.append((pos, kind, k))
+        fields = [(kind, k) for _, kind, k in sorted(found)]
+        chunks: list[str] = []
+        for kind, k in fields:
+            head, _, rest = rest.partition((_SENTINEL if kind == "content" else _REASONING).format(k))
             chunks.append(head)
         chunks.append(rest)
+        return fields, chunks
+
+    def assistant_spans(self, messages: list[Message]) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the [start, end) character spans that go into the loss: per assistant turn,
+        its reasoning as the template prints it (the opening tag included), through its content and the
+        end-of-turn token."""
+        if any("\ue000" in m["content"] or "\ue000" in m.get("reasoning_content", "") for m in messages):
+            raise RowError("content contains private-use character U+E000 used as the loss-mask sentinel")
+        text = self.render(messages)
+        fields, chunks = self._marked(messages, reasoning=True)
+        openers: dict[int, int] = {}  # turn -> length of the tag the template prints before its reasoning
+        if any(kind == "reasoning" for kind, _ in fields):
+            plain_fields, plain_chunks = self._marked(messages, reasoning=False)
+            before = {k: plain_chunks[i] for i, (_, k) in enumerate(plain_fields)}  # chunk before each content
+            for n, (kind, k) in enumerate(fields):
+                if kind == "reasoning" and chunks[n].startswith(before[k]):
+                    openers[k] = len(chunks[n]) - len(before[k])
         spans: list[tuple[int, int]] = []
+        starts: dict[int, int] = {}
         pos = 0
-        for n, k in enumerate(order):
+        for n, (kind, k) in enumerate(fields):
             if not text.startswith(chunks[n], pos):
                 raise RowError(f"chat template renders message {k} differently with other content; no loss mask")
             pos += len(chunks[n])
-            content = messages[k]["content"]
-            for shown in (content, content.strip(), content.lstrip(), content.rstrip()):
+            value = messages[k]["content"] if kind == "content" else messages[k]["reasoning_content"]
+            for shown in (value, value.strip(), value.lstrip(), value.rstrip()):
                 if text.startswith(shown, pos) and text.startswith(chunks[n + 1], pos + len(shown)):
                     break
             else:
-                raise RowError(f"cannot locate assistant message {k} in the rendered template text; no loss mask")
+                raise RowError(
+                    f"cannot locate assistant message {k}'s {kind} in the rendered template text; no loss mask"
+                )
             end = pos + len(shown)
-            eot = self._leading_special(chunks[n + 1])
-            spans.append((pos, end + (len(eot) if eot else 0)))
+            if kind == "reasoning":
+                starts[k] = pos - openers.get(k, 0)
+            else:
+                eot = self._leading_special(chunks[n + 1])
+                spans.append((starts.pop(k, pos), end + (len(eot) if eot else 0)))
             pos = end
         if text[pos:] != chunks[-1]:
             raise RowError("chat template output does not match its chunks; cannot build the loss mask")

@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from eagle3.sources import DataSource
+
 Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
 STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
 DEFAULT_STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract")
@@ -23,10 +25,18 @@ class DataConfig(StrictModel):
 
     dataset: str = Field(
         "data/demo_prompts.jsonl",
-        description="Local JSONL or Parquet file, or a directory saved with datasets.save_to_disk. "
-        "Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
+        description="Local JSONL or Parquet file, a directory saved with datasets.save_to_disk, a dataset "
+        "repository directory, or a Hugging Face Hub dataset id (read with datasets.load_dataset; offline: "
+        "pre-download it). Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
     )
-    split: str = Field("train", description="Split to read when `dataset` is a saved DatasetDict.")
+    split: str = Field("train", description="Split to read (a saved DatasetDict, a Hub dataset or repository).")
+    subset: str | None = Field(None, description="Hub dataset / repository: the configuration (subset) name.")
+    revision: str | None = Field(None, description="Hub dataset: a branch, tag or commit to pin.")
+    sources: list[DataSource] = Field(
+        default_factory=list,
+        description="Several datasets, read in this order, each with its own split and max_samples (then "
+        "`dataset`, `subset`, `split` and `revision` above are not used). Empty: the one `dataset`.",
+    )
     format: Literal["auto", "sharegpt", "openai"] = Field("auto", description="Row schema; `auto` detects it per row.")
     max_length: int = Field(2048, gt=8, le=1_048_576, description="Longest sample in tokens.")
     truncate: bool = Field(
@@ -37,6 +47,16 @@ class DataConfig(StrictModel):
     on_bad_row: Literal["skip", "fail"] = Field(
         "skip", description="`skip` reports bad rows (file, row, reason) and goes on; `fail` stops the stage."
     )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template file that replaces the tokenizer's own, wherever a conversation is "
+        "rendered (prepare, synthesize, evaluate). None: the model's template.",
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the chat template everywhere it is rendered, e.g. {enable_thinking: "
+        "true} for a reasoning model (as served: use the same values the server's requests use).",
+    )
 
 
 class SynthesizeConfig(StrictModel):
@@ -45,8 +65,30 @@ class SynthesizeConfig(StrictModel):
     max_new_tokens: int = Field(256, gt=0, le=32768, description="Longest generated assistant turn.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling cut-off when temperature > 0.")
-    batch_size: int = Field(8, gt=0, le=1024, description="Prompts generated together.")
-    seed: int = Field(0, description="Sampling seed (temperature > 0).")
+    batch_size: int = Field(8, gt=0, le=1024, description="transformers engine: prompts generated together.")
+    seed: int = Field(0, description="Sampling seed (temperature > 0; transformers engine).")
+    concurrency: int = Field(
+        64,
+        gt=0,
+        le=4096,
+        description="sglang engine: generation requests in flight, spread over every server of the run (the "
+        "server batches them).",
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="sglang engine: seconds per generation request.")
+    request_retries: int = Field(
+        3, ge=0, le=20, description="sglang engine: resends of a request that timed out or met a dead server."
+    )
+    on_truncated: Literal["keep", "drop"] = Field(
+        "keep",
+        description="A generated turn cut at max_new_tokens (finish reason `length`): `keep` it in the data, or "
+        "`drop` the sample. Counted either way in the synthesize artifact and synthesized/summary.json.",
+    )
+
+    def generation_key(self) -> dict[str, Any]:
+        """The settings the generated text depends on (not how it is scheduled: batch size, concurrency, timeouts)."""
+        return self.model_dump(
+            mode="json", exclude={"batch_size", "concurrency", "request_timeout_s", "request_retries", "on_truncated"}
+        )
 
 
 class ServerSlot(StrictModel):

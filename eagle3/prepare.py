@@ -10,6 +10,7 @@ lines: the line number - 1). `write_prepared` is the one tokenization path; synt
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from eagle3.chat import ChatTokenizer, RowError, RowFormat, normalize_row, sampl
 from eagle3.config import DataConfig, PipelineConfig
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.sources import DataSource, SourceError, data_sources, hub_fingerprint, hub_name, is_hub, load_hub
 from eagle3.store import PREPARED_SCHEMA, BadRow, PreparedManifest, RunStore
 
 _SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -57,16 +59,29 @@ def dataset_files(path: Path) -> list[Path]:
 
 
 def dataset_fingerprint(data: DataConfig) -> str:
-    """sha256 over the dataset files' names and bytes and the data config."""
-    path = Path(data.dataset)
-    _check_path(path)
+    """sha256 over the data config and each source: a local one's files (names and bytes), a Hub one's own
+    fingerprint (eagle3/sources.py)."""
     h = hashlib.sha256(json.dumps(data.model_dump(mode="json"), sort_keys=True).encode())
+    if data.chat_template is not None and Path(data.chat_template).is_file():  # its text, not only its name
+        h.update(b"\0chat_template\0" + Path(data.chat_template).read_bytes())
+    for source in data_sources(data):
+        if is_hub(source):
+            try:
+                h.update(hub_fingerprint(source).encode())
+            except SourceError as e:
+                raise PrepareError(str(e)) from None
+        else:
+            _hash_files(h, Path(source.dataset))
+    return h.hexdigest()
+
+
+def _hash_files(h: Any, path: Path) -> None:
+    _check_path(path)
     for f in dataset_files(path):
         h.update(f"\0{f.relative_to(path) if path.is_dir() else f.name}\0{f.stat().st_size}\0".encode())
         with open(f, "rb") as fh:
             while chunk := fh.read(8 << 20):
                 h.update(chunk)
-    return h.hexdigest()
 
 
 def _is_json_lines(path: Path) -> bool:
@@ -102,7 +117,34 @@ def _count_lines(path: Path) -> int:
 
 
 def read_rows(data: DataConfig) -> tuple[int, Iterator[RawRow]]:
-    """(number of rows, or 0 when unknown; the rows in input order). Local files only, no network."""
+    """(number of rows, or 0 when unknown; the rows in input order): every source of `data`, in order."""
+    sources = data_sources(data)
+    if len(sources) == 1 and not is_hub(sources[0]):
+        return _read_local(data)
+    parts = [_read_source(data, s) for s in sources]
+    total = 0 if any(n == 0 for n, _ in parts) else sum(n for n, _ in parts)
+    return total, itertools.chain.from_iterable(rows for _, rows in parts)
+
+
+def _read_source(data: DataConfig, source: DataSource) -> tuple[int, Iterator[RawRow]]:
+    rows: Iterator[RawRow]
+    if is_hub(source):
+        try:
+            ds = load_hub(source)
+        except SourceError as e:
+            raise PrepareError(str(e)) from None
+        name = hub_name(source)
+        total, rows = len(ds), (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
+    else:
+        total, rows = _read_local(data.model_copy(update={"dataset": source.dataset, "split": source.split}))
+    if source.max_samples is not None:
+        rows = itertools.islice(rows, source.max_samples)
+        total = min(total, source.max_samples) if total else 0
+    return total, rows
+
+
+def _read_local(data: DataConfig) -> tuple[int, Iterator[RawRow]]:
+    """A local file or save_to_disk directory (`data.dataset`); no network."""
     path = Path(data.dataset)
     _check_path(path)
     name = str(data.dataset)
@@ -259,7 +301,7 @@ def prepare(
     if is_current(existing, store, fingerprint, tok_sha, cfg.data):
         assert existing is not None
         return existing
-    chat = ChatTokenizer.from_model_dir(model_dir)
+    chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
     total, rows = read_rows(cfg.data)
     return write_prepared(
         rows,

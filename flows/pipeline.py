@@ -9,6 +9,7 @@ from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
+from tasks.extract_servers import engine_session
 from tasks.model import resolve_model_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
@@ -23,12 +24,13 @@ def pipeline(config: PipelineConfig) -> str | State:
     live evaluation finds the draft slower than the plain target.
     """
     model_dir = resolve_model_task(config)
-    if "prepare" in config.stages:
-        prepare_task(config, model_dir)
-    if "synthesize" in config.stages:
-        synthesize_task(config, model_dir)
-    if "extract" in config.stages:
-        extract_flow(config)
+    with engine_session():  # one launch of each SGLang server for synthesize and extract; stopped after both
+        if "prepare" in config.stages:
+            prepare_task(config, model_dir)
+        if "synthesize" in config.stages:
+            synthesize_task(config, model_dir)
+        if "extract" in config.stages:
+            extract_flow(config)
     if "convert" in config.stages:
         convert_task(config)
     return draft_stages(config, model_dir) or config.run_dir  # train, export, evaluate, the run summary

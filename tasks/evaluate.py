@@ -108,7 +108,9 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     logger = get_run_logger()
     run_dir, model = Path(config.run_dir), Path(model_dir)
     ev = config.evaluate
-    prompts = load_eval_prompts(Path(ev.dataset), ChatTokenizer.from_model_dir(model), limit=ev.num_prompts)
+    prompts = load_eval_prompts(
+        Path(ev.dataset), ChatTokenizer.from_model_dir(model, config.data), limit=ev.num_prompts
+    )
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
     offline = previous_offline(config, len(prompts))
     if offline is None:

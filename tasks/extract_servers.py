@@ -20,6 +20,7 @@ from pathlib import Path
 
 from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
+from eagle3.server import SGLangServer
 from eagle3.servers import ServerSpec, build_server_engine, server_specs
 from tasks.server import server_env
 
@@ -68,6 +69,14 @@ class ServerPool:
             yield self.specs[index], self.engine(index)
         finally:
             self._free.put(index)
+
+    def sglang_servers(self) -> list[SGLangServer]:
+        """The SGLang server of each engine (synthesize sends its generation requests to them, so a pipeline run
+        launches each server once for synthesize and extract). Building them launches nothing."""
+        servers = [getattr(self.engine(spec.index), "server", None) for spec in self.specs]
+        if not all(isinstance(s, SGLangServer) for s in servers):
+            raise TypeError("sglang_servers: the pool's engines are not SGLang engines (server.engine)")
+        return [s for s in servers if isinstance(s, SGLangServer)]
 
     def built(self) -> list[Engine]:
         """The engines built so far (a server is launched only once its engine first extracts)."""

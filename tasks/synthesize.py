@@ -9,26 +9,83 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
 from eagle3.store import PreparedManifest, RunStore
-from eagle3.synthesize import synthesize
-from tasks.artifacts import TaskProgress, run_key
+from eagle3.synthesize import SynthesizeSummary, synthesize
+from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
+from tasks.extract_servers import server_pool
 
 SYNTHESIZE_TIMEOUT_S = 48 * 3600  # the case study generated 10K conversations
 
 
-@task(name="synthesize", retries=0, timeout_seconds=SYNTHESIZE_TIMEOUT_S, cache_policy=NO_CACHE)
+class SynthesizeError(RuntimeError):
+    """Some samples could not be generated; the others are kept, and a re-run retries exactly these."""
+
+
+@task(name="synthesize", retries=1, retry_delay_seconds=30, timeout_seconds=SYNTHESIZE_TIMEOUT_S, cache_policy=NO_CACHE)
 def synthesize_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
-    """Replace the prepared assistant turns with the target's own generations. Finished work is kept
-    by the library, so a re-run continues; not retried here (the engine retries its own requests)."""
+    """Replace the prepared assistant turns with the target's own generations. Finished samples are kept by
+    the library (one checkpoint each), so a retry or a re-run generates only the missing ones. With
+    `server.engine: sglang` the requests go to the run's servers: the same ones its extraction uses (a
+    pipeline run opens them once, flows/pipeline.py). Samples that failed are a table artifact
+    (`<run>-synthesize-failed`) and are retried by the next run; with data.on_bad_row=fail the task then fails
+    (after every other sample is done and stored), with `skip` the run goes on without them."""
     logger = get_run_logger()
     report = TaskProgress(logger, "synthesize", key=run_key(config.run_dir, "synthesize-progress"), unit="samples")
-    manifest = synthesize(config, RunStore(config.run_dir), Path(model_dir), report)
+    servers = server_pool(config, model_dir).sglang_servers() if config.server.engine == "sglang" else None
+    result = synthesize(config, RunStore(config.run_dir), Path(model_dir), report, servers=servers)
+    manifest, summary = result.manifest, result.summary
     logger.info(
-        "synthesized %d samples (%d tokens, %d loss tokens) in %d shards",
+        "synthesized %d samples (%d tokens, %d loss tokens) in %d shards; %s",
         manifest.num_samples,
         manifest.num_tokens,
         manifest.num_loss_tokens,
         len(manifest.shards),
+        finish_line(summary),
     )
     if report.last is None:
         report.own.create(100.0, f"{manifest.num_samples} samples, up to date (inputs unchanged)")
+    markdown_artifact(run_key(config.run_dir, "synthesize-summary"), summary_markdown(summary), "synthesize")
+    if summary.failed:
+        rows = [{"row": f.row, "sample id": f.sample_id, "reason": f.reason} for f in summary.failed]
+        table_artifact(
+            run_key(config.run_dir, "synthesize-failed"),
+            rows,
+            f"{len(rows)} of {summary.samples} samples could not be generated; a re-run (or this task's retry) "
+            "generates exactly these",
+        )
+        first = summary.failed[0]
+        if config.data.on_bad_row == "skip":
+            logger.warning(
+                "%d of %d samples could not be generated and are left out (data.on_bad_row=skip); first: %s (sample "
+                "%s): %s. Run the pipeline again to retry exactly these",
+                len(summary.failed), summary.samples, first.row, first.sample_id, first.reason,
+            )  # fmt: skip
+            return manifest
+        raise SynthesizeError(
+            f"{len(summary.failed)} of {summary.samples} samples could not be generated (the others are stored); "
+            f"first: {first.row} (sample {first.sample_id}): {first.reason}. See the `"
+            f"{run_key(config.run_dir, 'synthesize-failed')}` table; run the pipeline again to retry exactly them"
+        )
     return manifest
+
+
+def finish_line(s: SynthesizeSummary) -> str:
+    turns = ", ".join(f"{n} {reason}" for reason, n in s.turns.items()) or "none"
+    dropped = f", {s.dropped_truncated} dropped (synthesize.on_truncated=drop)" if s.dropped_truncated else ""
+    return (
+        f"turns by finish reason: {turns}; {s.truncated_samples} samples with a turn cut at max_new_tokens{dropped}; "
+        f"{len(s.failed)} failed; {s.generated} generated this run, {s.tokens} tokens, {s.tokens_per_s:.1f} tok/s"
+    )
+
+
+def summary_markdown(s: SynthesizeSummary) -> str:
+    lines = [
+        "| samples | generated this run | failed | cut at max_new_tokens | dropped | tokens | tok/s |",
+        "|---|---|---|---|---|---|---|",
+        f"| {s.samples} | {s.generated} | {len(s.failed)} | {s.truncated_samples} | {s.dropped_truncated} | "
+        f"{s.tokens} | {s.tokens_per_s:.1f} |",
+        "",
+        "| finish reason | turns |",
+        "|---|---|",
+        *(f"| {reason} | {n} |" for reason, n in s.turns.items()),
+    ]
+    return "\n".join(lines)

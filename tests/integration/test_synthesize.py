@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 import eagle3.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.prepare import prepare
+from eagle3.progress import Progress
 from eagle3.store import RunStore
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "synth_prompts.jsonl"
@@ -35,7 +38,15 @@ def test_synthesize_regenerates_turns_and_rerun_does_no_generation(
     source = prepare(cfg, store, demo_model)
     source_ids = [s.sample_id for i in range(len(source.shards)) for s in store.prepared_samples(i)]
 
-    m = synth.synthesize(cfg, store, demo_model)
+    reports: list[tuple[float, Progress]] = []
+    t0 = time.monotonic()
+    m = synth.synthesize(cfg, store, demo_model, lambda p: reports.append((time.monotonic(), p))).manifest
+    # progress: a first report before the model loads, then at least every 30 s (every decode step may report),
+    # and the last figure is the generation's own, not the tokenize step's
+    times = [t0] + [t for t, _ in reports]
+    assert reports[0][1].stage == "synthesize" and reports[0][0] - t0 < 60
+    assert max(b - a for a, b in itertools.pairwise(times)) < 30
+    assert reports[-1][1].stage == "synthesize" and reports[-1][1].done == 3 and reports[-1][1].tokens > 0
     assert m.dataset == f"synthesized:{data}" and m.dataset_fingerprint != source.dataset_fingerprint
     assert m.num_samples == 3 and m.shards == [2, 1]
 
@@ -63,9 +74,9 @@ def test_synthesize_regenerates_turns_and_rerun_does_no_generation(
 
     monkeypatch.setattr(synth, "load_model", no_model)
     mtimes = [synth.synthesized_shard_path(store, i).stat().st_mtime_ns for i in range(2)]
-    assert synth.synthesize(cfg, store, demo_model) == m
+    assert synth.synthesize(cfg, store, demo_model).manifest == m
     assert prepare(cfg, store, demo_model).dataset_fingerprint == source.dataset_fingerprint
-    again = synth.synthesize(cfg, store, demo_model)
+    again = synth.synthesize(cfg, store, demo_model).manifest
     assert again.dataset_fingerprint == m.dataset_fingerprint and again.num_samples == 3
     assert [s.sample_id for i in range(2) for s in store.prepared_samples(i)] == synth_ids
     assert [synth.synthesized_shard_path(store, i).stat().st_mtime_ns for i in range(2)] == mtimes

@@ -1,0 +1,194 @@
+"""synthesize through a real SGLang server on CPU (server.engine: sglang): greedy turns are reproducible, finish
+reasons are counted, a bad row and a refused request are reported per row while the others complete (and a re-run
+retries exactly the failed one), and a server killed mid-synthesize is restarted with every sample kept once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eagle3.synthesize as synth
+from eagle3.config import PipelineConfig
+from eagle3.progress import Progress
+from eagle3.server import SGLangServer
+from eagle3.store import RunStore
+from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
+from tests.ports import free_port
+
+pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+PROMPTS = REPO / "tests" / "assets" / "synth_prompts.jsonl"  # 3 rows, one with two assistant turns
+CONTEXT = 512  # the server's --context-length: a longer prompt is refused (HTTP 400) on every attempt
+
+
+def config(run_dir: Path, model: Path, dataset: Path, **synthesize: Any) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {
+            "run_dir": str(run_dir),
+            "model": str(model),
+            "data": {"dataset": str(dataset), "max_length": 2048, "shard_size": 4},
+            "synthesize": {"max_new_tokens": 24, "temperature": 0.0, "concurrency": 8, **synthesize},
+            "server": {
+                "engine": "sglang",
+                "device": "cpu",
+                "python": str(SGLANG_PYTHON),
+                "port": free_port(),
+                "max_total_tokens": 8192,
+                "max_restarts": 1,
+                "extra_args": ["--context-length", str(CONTEXT)],
+            },
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[SGLangServer]:
+    require_sglang_env()
+    root = tmp_path_factory.mktemp("served")
+    cfg = config(root / "run", demo_model, PROMPTS)
+    (s,) = synth.open_servers(cfg, demo_model, dict(os.environ), root / "server")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def records(store: RunStore) -> list[dict[str, Any]]:
+    return [json.loads(line) for p in sorted(synth.synthesized_dir(store).glob("shard-*.jsonl")) for line in p.open()]
+
+
+def test_greedy_turns_through_sglang_are_identical_twice_and_finish_reasons_are_counted(
+    tmp_path: Path, demo_model: Path, server: SGLangServer
+) -> None:
+    reports: list[tuple[float, Progress]] = []
+    t0 = time.monotonic()
+    runs = []
+    for name in ("a", "b"):
+        cfg = config(tmp_path / name, demo_model, PROMPTS)
+        store = RunStore(cfg.run_dir)
+        out = synth.synthesize(
+            cfg, store, demo_model, lambda p: reports.append((time.monotonic(), p)), servers=[server]
+        )
+        runs.append((cfg, store, out))
+    (_, store_a, a), (cfg_b, store_b, b) = runs
+    assert records(store_a) and [r["messages"] for r in records(store_a)] == [r["messages"] for r in records(store_b)]
+    assert a.manifest.num_samples == 3 and a.summary.generated == 3 and a.summary.failed == []
+    turns = sum(a.summary.turns.values())
+    assert turns == 4 and set(a.summary.turns) <= {"stop", "length"}  # the sky row has two assistant turns
+    sky = records(store_a)[1]["messages"]
+    assert [m["content"] for m in sky if m["role"] == "user"] == ["Name a colour of the sky.", "And at sunset?"]
+    assert "Blue." not in [m["content"] for m in sky]
+    first = store_a.prepared_samples(0)[0]  # the generated turn is in prepared/, under the loss mask
+    tok = synth.ChatTokenizer.from_model_dir(demo_model).tokenizer
+    masked = tok.decode([t for t, k in zip(first.input_ids, first.loss_mask, strict=True) if k])
+    assert masked == records(store_a)[0]["messages"][1]["content"] + "<|im_end|>"
+
+    # progress: the first report comes before any generation; the last one is the generation's own figure
+    assert reports[0][0] - t0 < 60 and reports[0][1].stage == "synthesize"
+    assert reports[-1][1].stage == "synthesize" and reports[-1][1].tokens > 0
+
+    # on_truncated=drop: no generation again (a setting of the data, not of the generated text), fewer samples
+    cfg_b.synthesize.on_truncated = "drop"
+    dropped = synth.synthesize(cfg_b, store_b, demo_model, servers=[server])
+    assert dropped.summary.generated == 0 and dropped.summary.dropped_truncated == b.summary.truncated_samples
+    assert dropped.manifest.num_samples == 3 - b.summary.truncated_samples
+
+
+def test_a_bad_row_and_a_refused_request_are_reported_per_row_and_a_rerun_retries_only_the_failed_one(
+    tmp_path: Path, demo_model: Path, server: SGLangServer
+) -> None:
+    data = tmp_path / "rows.jsonl"
+    shutil.copy(PROMPTS, data)
+    long = " ".join(f"word{i}" for i in range(400))  # > CONTEXT tokens: the server refuses it every time
+    with data.open("a") as f:
+        f.write("{not json\n")  # row 3: a bad row (prepare reports it)
+        f.write(json.dumps({"messages": [{"role": "user", "content": long}, {"role": "assistant", "content": "x"}]}))
+        f.write("\n")  # row 4
+        f.write(
+            json.dumps({"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi."}]})
+        )
+        f.write("\n")  # row 5
+    cfg = config(tmp_path / "run", demo_model, data)
+    store = RunStore(cfg.run_dir)
+    out = synth.synthesize(cfg, store, demo_model, servers=[server])
+    assert [(f.row, "400" in f.reason and "context length" in f.reason) for f in out.summary.failed] == [
+        (f"{data}:4", True)
+    ]
+    assert out.summary.generated == 4 and out.manifest.num_samples == 4  # the others are all there
+    assert [(b.file, b.row, b.reason.split(" ")[0]) for b in out.manifest.bad_rows] == [
+        (str(data), 3, "not"),  # prepare's: not valid JSON
+        (str(data), 4, "synthesize:"),  # the refused request
+    ]
+
+    def generated() -> dict[str, int]:
+        files = [*synth.synthesized_dir(store).glob("shard-*.jsonl"), *synth.synthesized_dir(store).glob("samples/*")]
+        return {p.name: p.stat().st_mtime_ns for p in files}
+
+    kept = generated()
+    assert len(kept) == 4  # shard 1 (row 5) is one file; shard 0 keeps its 3 finished samples as sample files
+
+    again = synth.synthesize(cfg, store, demo_model, servers=[server])  # retries exactly the failed sample
+    assert again.summary.generated == 0 and [f.row for f in again.summary.failed] == [f"{data}:4"]
+    assert generated() == kept
+
+
+def test_a_server_killed_mid_synthesize_is_restarted_and_every_sample_is_kept_once(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    require_sglang_env()
+    cfg = config(tmp_path / "run", demo_model, REPO / "data" / "demo_prompts.jsonl", concurrency=4)
+    cfg.data.max_samples = 16
+    store = RunStore(cfg.run_dir)
+    (server,) = synth.open_servers(cfg, demo_model, dict(os.environ), tmp_path / "server")
+    killed: dict[str, Any] = {}
+
+    def kill_mid_synthesize() -> None:
+        try:
+            deadline = time.monotonic() + 900
+            samples = synth.synthesized_dir(store) / "samples"
+            while len(list(samples.glob("*.json"))) < 2:
+                assert time.monotonic() < deadline, "no two samples within 900 s"
+                time.sleep(0.1)
+            assert server.pgid is not None
+            os.killpg(server.pgid, signal.SIGKILL)  # the whole server at once, as the OOM killer would
+            killed["done_at_kill"] = len(list(samples.glob("*.json")))
+        except BaseException as e:
+            killed["error"] = e
+
+    watcher = threading.Thread(target=kill_mid_synthesize, daemon=True)
+    watcher.start()
+    try:
+        out = synth.synthesize(cfg, store, demo_model, servers=[server])
+    finally:
+        server.stop()
+    watcher.join(60)
+    assert "error" not in killed, killed
+    assert 2 <= killed["done_at_kill"] < 16 and server.restarts == 1
+    assert out.summary.failed == [] and out.summary.generated == 16 and out.manifest.num_samples == 16
+    recs = records(store)
+    dataset = REPO / "data" / "demo_prompts.jsonl"
+    assert sorted(r["source"] for r in recs) == sorted(f"{dataset}:{i}" for i in range(16))  # each once, none lost
+
+
+def test_requests_that_keep_timing_out_are_given_up_per_row_after_the_retries_with_a_rid_each(
+    tmp_path: Path, demo_model: Path, server: SGLangServer
+) -> None:
+    cfg = config(tmp_path / "run", demo_model, PROMPTS, request_timeout_s=0.01, request_retries=1)
+    out = synth.synthesize(cfg, RunStore(cfg.run_dir), demo_model, servers=[server])
+    assert sorted(f.row for f in out.summary.failed) == [f"{PROMPTS}:{i}" for i in range(3)]  # each row, reported
+    for f in out.summary.failed:
+        assert "gave up after 2 attempts (synthesize.request_retries)" in f.reason
+        assert (
+            "no answer within 0s (synthesize.request_timeout_s)" in f.reason and ".1-" in f.reason
+        )  # the resend's rid
+    assert out.manifest.num_samples == 0 and server.is_alive()
