@@ -12,6 +12,7 @@ from eagle3.store import PreparedManifest, RunStore
 from eagle3.synthesize import SynthesizeSummary, synthesize
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
 from tasks.extract_servers import server_pool
+from tasks.server import reap_orphan_servers
 
 SYNTHESIZE_TIMEOUT_S = 48 * 3600  # the case study generated 10K conversations
 
@@ -30,7 +31,10 @@ def synthesize_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
     (after every other sample is done and stored), with `skip` the run goes on without them."""
     logger = get_run_logger()
     report = TaskProgress(logger, "synthesize", key=run_key(config.run_dir, "synthesize-progress"), unit="samples")
-    servers = server_pool(config, model_dir).sglang_servers() if config.server.engine == "sglang" else None
+    servers = None
+    if config.server.engine == "sglang":
+        reap_orphan_servers(config.run_dir)  # before this run's servers launch on the same ports
+        servers = server_pool(config, model_dir).sglang_servers()
     result = synthesize(config, RunStore(config.run_dir), Path(model_dir), report, servers=servers)
     manifest, summary = result.manifest, result.summary
     logger.info(
