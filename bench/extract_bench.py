@@ -26,6 +26,7 @@ import argparse
 import os
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -63,6 +64,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work-dir", default="data/runs/bench", help="temporary stores go here (the filesystem under test)")
     p.add_argument("--write-mb", type=int, default=256, help="bytes written by the large-file bandwidth probe")
     p.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"])
+    p.add_argument("--switch-interval", type=float, default=0.0, help="sys.setswitchinterval (0: Python's default)")
     return p.parse_args()
 
 
@@ -96,6 +98,8 @@ class Profile:
         self.wrap(sf, "atomic_write_parts", "write+fsync")
         self.wrap(sf.zlib, "crc32", "crc32")
         self.wrap(te.InFlight, "of", "d2h-launch")
+        self.wrap(te.TransformersEngine, "launch", "forward-launch")
+        self.wrap(ex, "record_results", "record-results")
         self.wrap(torch.cuda.Event, "synchronize", "d2h-wait")
 
     def line(self, wall: float) -> str:
@@ -170,9 +174,8 @@ def plain_forward(engine: TransformersEngine, samples: list[PreparedSample]) -> 
     """The base model over the engine's own batches, keeping only the last hidden state on the device."""
     base = engine.base_model()
     for batch in length_batches(samples, engine.batch_tokens):
-        ids, mask = pad_right(batch)  # [B, S]
-        base(input_ids=ids.to(engine.device), attention_mask=mask.to(engine.device) if len(batch) > 1 else None,
-             use_cache=False)  # fmt: skip
+        ids, _ = pad_right(batch)  # [B, S]; right padding + causal attention: no mask, as the engine
+        base(input_ids=ids.to(engine.device), use_cache=False)
     sync(engine.device)
 
 
@@ -222,6 +225,8 @@ def write_bandwidth(directory: Path, total: int, file_size: int, threads: int) -
 
 def main() -> None:
     args = parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     model_dir = resolve_model(args.model, Path(args.data_dir))
     facts = read_model_facts(model_dir)
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)

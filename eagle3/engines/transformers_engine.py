@@ -154,13 +154,11 @@ class TransformersEngine:
     @torch.inference_mode()
     def launch(self, batch: Sequence[PreparedSample]) -> InFlight:
         """Run one padded batch; its states arrive on the CPU when `InFlight.outcomes` is read."""
-        ids, mask = pad_right(batch)  # [B, S]
-        out = self.base_model()(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device) if len(batch) > 1 else None,
-            output_hidden_states=True,
-            use_cache=False,
-        )
+        ids, _ = pad_right(batch)  # [B, S]
+        # No attention mask: with right padding and causal attention no real row ever sees a padding row (the
+        # states are identical, tested), and a padding mask makes transformers build a 4D mask and wait for the
+        # device, which serialised the host's work with the GPU's (docs/performance.md).
+        out = self.base_model()(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
         last = out.last_hidden_state  # [B, S, H]
