@@ -99,6 +99,8 @@ class Profile:
         self.wrap(sf.zlib, "crc32", "crc32")
         self.wrap(te.InFlight, "of", "d2h-launch")
         self.wrap(te.TransformersEngine, "launch", "forward-launch")
+        self.wrap(te.TransformersEngine, "_copy_to_host", "pinned-alloc+copy-launch")
+        self.wrap(te, "quantize_fp8", "quantize-launch")
         self.wrap(ex, "record_results", "record-results")
         self.wrap(torch.cuda.Event, "synchronize", "d2h-wait")
 

@@ -12,6 +12,6 @@ m.save_pretrained("/tmp/llama1b")
 PY
 for dt in ${STORE_DTYPES:-float8_e4m3 bfloat16}; do
   python3 bench/extract_bench.py --model /tmp/llama1b --device cuda --seq-len 2048 --batch-tokens 16384 \
-    --work-dir data/runs/bench --samples 128 --shards 4 --writer-threads ${WRITERS:-8} --repeats 2 --write-mb 3072 \
+    --work-dir data/runs/bench --samples 128 --shards ${SHARDS:-4} --writer-threads ${WRITERS:-8} --repeats 2 --write-mb 3072 \
     --store-dtype $dt ${EXTRA:-} 2>&1 | grep -v "Loading weights" | tee "$OUTDIR/extract_$dt.md"
 done

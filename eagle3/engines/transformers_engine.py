@@ -158,6 +158,8 @@ class TransformersEngine:
         # No attention mask: with right padding and causal attention no real row ever sees a padding row (the
         # states are identical, tested), and a padding mask makes transformers build a 4D mask and wait for the
         # device, which serialised the host's work with the GPU's (docs/performance.md).
+        if self.device.type == "cuda":  # a pageable copy would wait for the previous batch's forward
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
         out = self.base_model()(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
