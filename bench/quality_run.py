@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--synth-batch", type=int, default=256, help="prompts generated together (GPU)")
     ap.add_argument("--checkpoint-every", type=int, default=200, help="steps; a killed run resumes from the last")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: fp32, dense attention, few steps")
+    ap.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"],
+                    help="extract.store_dtype (issue #19: run twice, same seed and prompts, and compare)")
     args = ap.parse_args()
     root: Path = args.root
     write(root / "prompts" / "train.jsonl", build(TEMPLATES, TOPICS, args.train_prompts, seed=0))
@@ -86,6 +88,7 @@ def main() -> None:
             "stages": ["prepare", "synthesize", "extract", "convert", "train", "evaluate"],
             "data": {"dataset": str(root / "prompts" / "train.jsonl"), "max_length": 1024, "shard_size": 1000},
             "synthesize": {"max_new_tokens": args.max_new_tokens, "batch_size": args.synth_batch if cuda else 8},
+            "extract": {"store_dtype": args.store_dtype},
             "server": {"engine": "transformers", "device": "cuda" if cuda else "cpu",
                        "batch_tokens": 65536 if cuda else 4096},
             "train": {"epochs": args.epochs, "lr": args.lr, "warmup_steps": 20, "ttt_steps": args.ttt_steps,

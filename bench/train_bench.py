@@ -1,6 +1,6 @@
 """Trainer throughput on a Llama-3.1-8B-shaped EAGLE-3 draft, over a synthetic store in the exact store format.
 
-    python bench/train_bench.py make --root R [--samples 128]                  # store + target model, once
+    python bench/train_bench.py make --root R [--samples 128] [--store-dtype float8_e4m3]  # store + target, once
     torchrun --nproc_per_node N bench/train_bench.py run --root R [--steps 20]  # on 1..N GPUs
     torchrun --nproc_per_node N bench/train_bench.py run --root R --parallel fsdp  # FSDP2 instead of DDP
     python bench/train_bench.py check                                          # flex vs dense attention
@@ -81,7 +81,9 @@ def shape(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make(args: argparse.Namespace) -> None:
-    spec = SyntheticSpec(**shape(args), lengths=(args.seq,) * args.samples, learnable=False)
+    spec = SyntheticSpec(
+        **shape(args), lengths=(args.seq,) * args.samples, learnable=False, store_dtype=args.store_dtype
+    )
     t0 = time.perf_counter()
     write_run(Path(args.root) / "store", Path(args.root) / "target", spec, device=args.device, threads=16)
     print(json.dumps({"made": args.root, "samples": args.samples, "seq": args.seq, "s": time.perf_counter() - t0}))
@@ -271,6 +273,7 @@ def main() -> None:
     ap.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="train.parallel (with N > 1)")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
     ap.add_argument("--out", default="")
+    ap.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"], help="make: the store's")
     args = ap.parse_args()
     {"make": make, "run": run, "check": check}[args.cmd](args)
 

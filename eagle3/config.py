@@ -176,6 +176,13 @@ class ExtractConfig(StrictModel):
         "None: EAGLE-3's default [2, N//2, N-3].",
     )
     shards: list[int] | None = Field(None, description="Extract only these shard indices (None: all).")
+    store_dtype: Literal["bfloat16", "float8_e4m3"] = Field(
+        "bfloat16",
+        description="How the store keeps the states. `bfloat16`: in the model's dtype (server.dtype, bfloat16 unless "
+        "set otherwise), as computed. `float8_e4m3`: float8_e4m3fn with one float32 scale per token per state, "
+        "quantized where the states are (GPU or CPU): 0.5x the bytes. One store holds one dtype (resume refuses "
+        "a change). docs/formats.md.",
+    )
     window: int = Field(1, gt=0, le=256, description="sglang engine: requests in flight (1 = synchronous).")
     request_timeout_s: float = Field(600.0, gt=0, description="sglang engine: per-request timeout.")
     request_retries: int = Field(3, ge=0, le=20, description="sglang engine: retries per request.")

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eagle3.config import DiskConfig
+from eagle3.sample_format import FP8_NAME
 from eagle3.store import RunInfo, RunStore
 
 GB = 1e9
@@ -33,24 +34,31 @@ MB = 1 << 20
 FILE_OVERHEAD_BYTES = 1024 + 4096
 #: input_ids int64 + loss_mask uint8 per token.
 ID_MASK_BYTES_PER_TOKEN = 9
-DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3": 1}  # by run.json store_dtype
+#: FP8 stores also keep one float32 scale per token per state (K aux + 1 last).
+SCALE_BYTES = 4
 
 Where = Literal["store", "dump"]
 
 
-def estimate_bytes(num_tokens: int, num_aux: int, hidden_size: int, dtype_bytes: int, num_files: int = 1) -> int:
+def estimate_bytes(
+    num_tokens: int, num_aux: int, hidden_size: int, dtype_bytes: int, num_files: int = 1, *, scales: bool = False
+) -> int:
     """Bytes on disk of `num_files` sample files holding `num_tokens` tokens in all:
-    T x (K+1) x H x dtype bytes (aux + last hidden states) + T x 9 (ids, mask) + per-file overhead."""
+    T x (K+1) x H x dtype bytes (aux + last hidden states) + T x 9 (ids, mask) + per-file overhead,
+    + T x (K+1) x 4 for the float32 scales of an FP8 store (`scales`)."""
     return (
-        num_tokens * (num_aux + 1) * hidden_size * dtype_bytes
+        num_tokens * (num_aux + 1) * (hidden_size * dtype_bytes + (SCALE_BYTES if scales else 0))
         + num_tokens * ID_MASK_BYTES_PER_TOKEN
         + num_files * FILE_OVERHEAD_BYTES
     )
 
 
 def run_estimate(info: RunInfo, num_tokens: int, num_files: int = 1) -> int:
-    """estimate_bytes with K, H and the dtype taken from run.json."""
-    return estimate_bytes(num_tokens, len(info.aux_layers), info.hidden_size, DTYPE_BYTES[info.dtype], num_files)
+    """estimate_bytes with K, H and the store dtype taken from run.json."""
+    fp8 = info.store_dtype == FP8_NAME
+    dtype_bytes = DTYPE_BYTES[info.store_dtype]
+    return estimate_bytes(num_tokens, len(info.aux_layers), info.hidden_size, dtype_bytes, num_files, scales=fp8)
 
 
 def fmt_bytes(n: float) -> str:

@@ -4,7 +4,8 @@ Standard library + eagle3.fsio only: server_patch imports this inside SGLang's p
 imports it in the pipeline, so both sides name and parse the files with one piece of code.
 
     <dump_dir>/<safe rid>.req.json      client -> hook, written before the request is sent:
-                                        {"rid", "sample_id", "num_tokens", "aux_layers", "loss_mask": "0110.."}
+                                        {"rid", "sample_id", "num_tokens", "aux_layers", "loss_mask": "0110..",
+                                         "store_dtype": "bfloat16" | "float8_e4m3" (absent: bfloat16)}
     <dump_dir>/<safe rid>.safetensors   hook -> client: a complete sample in the store format
                                         (eagle3.sample_format), loss mask taken from the .req.json
     <dump_dir>/<safe rid>.error.json    hook -> client: {"rid", "reason"} when the request cannot be dumped
@@ -73,6 +74,7 @@ class RequestInfo:
     num_tokens: int
     aux_layers: list[int]
     loss_mask: list[int]
+    store_dtype: str = "bfloat16"  # "float8_e4m3": the hook quantizes on the device (sample_format.quantize_fp8)
 
 
 def write_request(dump_dir: Path, info: RequestInfo) -> Path:
@@ -87,6 +89,7 @@ def write_request(dump_dir: Path, info: RequestInfo) -> Path:
             "num_tokens": info.num_tokens,
             "aux_layers": list(info.aux_layers),
             "loss_mask": "".join("1" if m else "0" for m in info.loss_mask),
+            "store_dtype": info.store_dtype,
         },
     )
     return path
@@ -105,6 +108,7 @@ def read_request(dump_dir: Path, rid: str) -> RequestInfo:
         num_tokens=int(raw["num_tokens"]),
         aux_layers=[int(x) for x in raw["aux_layers"]],
         loss_mask=[1 if c == "1" else 0 for c in mask],
+        store_dtype=str(raw.get("store_dtype", "bfloat16")),
     )
     if info.rid != rid or len(info.loss_mask) != info.num_tokens:
         raise ValueError(

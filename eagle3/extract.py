@@ -26,15 +26,22 @@ from eagle3.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Ou
 from eagle3.fsio import move_into, remove_stale_temps
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.sample_format import SampleFormatError, encode_sample_parts, record_of, verify_sample, write_sample_parts
-from eagle3.store import DTYPES, PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
+from eagle3.sample_format import (
+    FP8_NAME,
+    SampleFormatError,
+    encode_sample_parts,
+    record_of,
+    verify_sample,
+    write_sample_parts,
+)
+from eagle3.store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
 from eagle3.versions import library_versions
 
 #: Called by the writer with the bytes about to be written; raises (eagle3.disk.DiskBudgetError) to stop.
 WriteGuard = Callable[[int], None]
 
 #: run.json fields that must agree before a run may add samples to an existing store.
-RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "aux_layers", "dataset_fingerprint")
+RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "store_dtype", "aux_layers", "dataset_fingerprint")
 
 
 class RunMismatchError(ValueError):
@@ -76,6 +83,7 @@ def build_run_info(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine
         engine=engine_info.name,
         engine_version=engine_info.version,
         dtype=cfg.server.dtype,
+        store_dtype=store_dtype_of(cfg),
         hidden_size=facts.hidden_size,
         num_layers=facts.num_layers,
         vocab_size=facts.vocab_size,
@@ -86,6 +94,11 @@ def build_run_info(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine
         versions=library_versions(),
         config=cfg.model_dump(mode="json"),
     )
+
+
+def store_dtype_of(cfg: PipelineConfig) -> str:
+    """run.json's store_dtype for this config: float8_e4m3, or the model's dtype (extract.store_dtype: bfloat16)."""
+    return FP8_NAME if cfg.extract.store_dtype == FP8_NAME else cfg.server.dtype
 
 
 def check_same_run(old: RunInfo, new: RunInfo, store: RunStore) -> None:
@@ -358,7 +371,7 @@ def write_captured(
 ) -> SampleEntry:
     s = c.sample
     t, k, h = len(s), len(info.aux_layers), info.hidden_size
-    dtype = DTYPES[info.dtype]
+    dtype = info.stored
     aux, last = c.aux_hidden_states, c.last_hidden_state  # [T, K, H], [T, H]
     if aux.shape != (t, k, h) or last.shape != (t, h) or aux.dtype != dtype or last.dtype != dtype:
         raise SampleFormatError(
@@ -367,7 +380,9 @@ def write_captured(
         )
     ids = torch.tensor(s.input_ids, dtype=torch.int64)  # [T]
     mask = torch.tensor(s.loss_mask, dtype=torch.uint8)  # [T]
-    parts = encode_sample_parts(s.sample_id, info.aux_layers, ids, mask, aux, last)  # header + views, no copy
+    parts = encode_sample_parts(  # header + views, no copy
+        s.sample_id, info.aux_layers, ids, mask, aux, last, c.aux_scales, c.last_scale
+    )
     if guard is not None:
         guard(sum(len(p) for p in parts))
     rec = write_sample_parts(store.sample_path(shard, s.sample_id), parts, t)
@@ -383,7 +398,7 @@ def adopt_dump(store: RunStore, shard: int, info: RunInfo, d: Dumped, guard: Wri
             num_tokens=len(s),
             num_aux=len(info.aux_layers),
             hidden_size=info.hidden_size,
-            dtype=DTYPES[info.dtype],
+            dtype=info.stored,
             input_ids=torch.tensor(s.input_ids, dtype=torch.int64),
         )
     except SampleFormatError as e:

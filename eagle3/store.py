@@ -19,13 +19,22 @@ from typing import Literal
 
 import pyarrow as pa
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json, safe_name
-from eagle3.sample_format import SampleFormatError, SampleTensors, check_header, read_sample, verify_sample
+from eagle3.sample_format import (
+    FP8,
+    FP8_NAME,
+    SampleFormatError,
+    SampleTensors,
+    check_header,
+    read_sample,
+    verify_sample,
+)
 
 ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STORE_DTYPES = {**DTYPES, FP8_NAME: FP8}  # what run.json's store_dtype may say
 
 
 def now() -> str:
@@ -45,7 +54,12 @@ class RunInfo(Record):
     tokenizer_sha256: str
     engine: str
     engine_version: str
-    dtype: str
+    dtype: str = Field(description="the model's compute dtype (server.dtype)")
+    store_dtype: str = Field(
+        default="",
+        description="the dtype of the states in the sample files: dtype, or float8_e4m3 (with per-token scales). "
+        "Empty in a run.json written before it existed: then it is dtype.",
+    )
     hidden_size: int
     num_layers: int
     vocab_size: int
@@ -56,6 +70,18 @@ class RunInfo(Record):
     versions: dict[str, str]
     config: dict
     created_at: str = Field(default_factory=now)
+
+    @model_validator(mode="after")
+    def _store_dtype(self) -> RunInfo:
+        self.store_dtype = self.store_dtype or self.dtype
+        if self.store_dtype not in STORE_DTYPES:
+            raise ValueError(f"store_dtype {self.store_dtype!r}: expected one of {sorted(STORE_DTYPES)}")
+        return self
+
+    @property
+    def stored(self) -> torch.dtype:
+        """The torch dtype of the states in the sample files."""
+        return STORE_DTYPES[self.store_dtype]
 
 
 class SampleEntry(Record):
@@ -202,7 +228,7 @@ class RunStore:
                 num_tokens=len(sample.input_ids),
                 num_aux=len(info.aux_layers),
                 hidden_size=info.hidden_size,
-                dtype=DTYPES[info.dtype],
+                dtype=info.stored,
             )
         except SampleFormatError:
             return None
@@ -213,7 +239,7 @@ class RunStore:
             num_tokens=len(sample.input_ids),
             num_aux=len(info.aux_layers),
             hidden_size=info.hidden_size,
-            dtype=DTYPES[info.dtype],
+            dtype=info.stored,
             crc32=crc32,
             input_ids=torch.tensor(sample.input_ids),
         )

@@ -27,7 +27,7 @@ from eagle3.fsio import fsync_dir, remove_stale_temps, safe_name
 from eagle3.lock import RunLock
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.sample_format import SampleFormatError, check_header, record_of, verify_sample
-from eagle3.store import DTYPES, PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
+from eagle3.store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
 
 QUARANTINE = "quarantine"
 
@@ -195,7 +195,7 @@ def check_sample(
     path: Path, sample: PreparedSample, info: RunInfo, entry: SampleEntry | None, *, full: bool
 ) -> SampleEntry:
     """The manifest entry of a sound file; raises SampleFormatError naming the file and the problem."""
-    k, h, dtype = len(info.aux_layers), info.hidden_size, DTYPES[info.dtype]
+    k, h, dtype = len(info.aux_layers), info.hidden_size, info.stored
     if not full:
         check_header(path, num_tokens=len(sample), num_aux=k, hidden_size=h, dtype=dtype)
         size = path.stat().st_size

@@ -14,6 +14,8 @@ Two hooks on `sglang.srt.managers.tp_worker.TpModelWorker`:
   `.last_hidden_states` ([rows, H], final post-norm) per captured request, copy the slices off the
   device right away (CUDA-graph outputs may alias graph buffers), and stitch chunked prefill.
   Finished requests go to the background writer (server_patch/writer.py).
+  A request whose `.req.json` says store_dtype float8_e4m3 (read once, at its first chunk) is quantized
+  on the device before the copy (eagle3.sample_format.quantize_fp8): half the bytes cross to the host.
 
 Only attention-TP rank 0 of each attention-DP group writes (under plain TP the states are identical on
 every rank). Nothing here raises into SGLang's scheduler: a problem with one request becomes
@@ -32,6 +34,7 @@ from typing import Any
 import torch
 
 from eagle3 import dump_protocol as proto
+from eagle3.sample_format import FP8_NAME, quantize_fp8
 from server_patch.capture import Broken, Complete, Stitcher, plan_batch
 from server_patch.writer import Chunk, DumpWriter, Job
 
@@ -53,6 +56,7 @@ class _State:
         self.layers: list[int] = []
         self.writes = False
         self.prompts: dict[str, list[int]] = {}
+        self.fp8: dict[str, bool] = {}  # rid -> quantize its states (from its .req.json, read at the first chunk)
 
 
 _state: _State | None = None
@@ -172,6 +176,9 @@ def _around_forward(original: Any, worker: Any, batch: Any = None, *args: Any, *
     for r in reqs:
         if r.rid in (s.rid for s in plan.segments):
             st.prompts[r.rid] = list(r.origin_input_ids)
+    for seg in plan.segments:
+        if seg.position == 0 or seg.rid not in st.fp8:
+            st.fp8[seg.rid] = _wants_fp8(st.dump_dir, seg.rid)
 
     result = original(worker, batch, *args, **kwargs)
     try:
@@ -183,9 +190,19 @@ def _around_forward(original: Any, worker: Any, batch: Any = None, *args: Any, *
     return result
 
 
+def _wants_fp8(dump_dir: Path, rid: str) -> bool:
+    """Whether the client asked for FP8 states (its .req.json; one small read per request). A missing or
+    malformed request file means bf16 here; the writer reports the problem itself."""
+    try:
+        return proto.read_request(dump_dir, rid).store_dtype == FP8_NAME
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def _fail(st: _State, rid: str, reason: str) -> None:
     st.stitcher.drop(rid)
     st.prompts.pop(rid, None)
+    st.fp8.pop(rid, None)
     assert st.writer is not None
     st.writer.error(rid, reason)
 
@@ -216,17 +233,29 @@ def _capture(st: _State, plan: Any, result: Any) -> None:
                 f"aux {tuple(aux.shape)} and last {tuple(last.shape)}",
             )
         return
+    k = len(st.layers)
     for seg in plan.segments:
-        a, on_gpu = _off_device(aux[seg.row_start : seg.row_start + seg.num_rows])  # [n, K*H]
-        b, _ = _off_device(last[seg.row_start : seg.row_start + seg.num_rows])  # [n, H]
+        rows = slice(seg.row_start, seg.row_start + seg.num_rows)
+        aux_rows, last_rows = aux[rows], last[rows]  # [n, K*H], [n, H]
+        scales: list[torch.Tensor] = []
+        if st.fp8.get(seg.rid, False):  # quantize where the states are, before the copy
+            n, h = last_rows.shape
+            qa, sa = quantize_fp8(aux_rows.view(n, k, h))  # [n, K, H] fp8, [n, K]
+            ql, sl = quantize_fp8(last_rows)  # [n, H] fp8, [n]
+            aux_rows, last_rows, scales = qa.view(n, k * h), ql, [sa, sl]
+        a, on_gpu = _off_device(aux_rows)  # [n, K*H]
+        b, _ = _off_device(last_rows)  # [n, H]
+        sc = [_off_device(x)[0] for x in scales]
         ready = None
         if on_gpu:
             ready = torch.cuda.Event()
             ready.record()
-        for outcome in st.stitcher.add(seg, Chunk(a, b, ready)):
+        chunk = Chunk(a, b, ready, *sc) if sc else Chunk(a, b, ready)
+        for outcome in st.stitcher.add(seg, chunk):
             if isinstance(outcome, Broken):
                 _fail(st, outcome.rid, outcome.reason)
             elif isinstance(outcome, Complete):
+                st.fp8.pop(outcome.rid, None)
                 prompt = st.prompts.pop(outcome.rid, [])
                 assert st.writer is not None
                 st.writer.submit(Job(outcome.rid, prompt, outcome.chunks, st.layers))

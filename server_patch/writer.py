@@ -18,16 +18,20 @@ import torch
 
 from eagle3 import dump_protocol as proto
 from eagle3.fsio import atomic_write_bytes
-from eagle3.sample_format import encode_sample
+from eagle3.sample_format import FP8, FP8_NAME, encode_sample, quantize_fp8
 
 log = logging.getLogger("eagle3.server_patch")
 
 
 @dataclass
 class Chunk:
-    aux: torch.Tensor  # [n, K*H] on CPU (pinned when the model runs on CUDA)
+    aux: torch.Tensor  # [n, K*H] on CPU (pinned when the model runs on CUDA); float8_e4m3fn when quantized
     last: torch.Tensor  # [n, H]
     ready: Any  # a torch.cuda.Event to wait on before reading, or None
+    aux_scales: torch.Tensor | None = None  # [n, K] float32 when quantized (on the device, by the hook)
+    last_scale: torch.Tensor | None = None  # [n]
+
+    STATES = ("aux", "last", "aux_scales", "last_scale")
 
 
 @dataclass
@@ -36,6 +40,13 @@ class Job:
     input_ids: list[int]  # the prompt the server saw
     chunks: list[Chunk]
     layers: list[int]  # what SGLang captures (internal indices = HF hidden_states indices)
+
+
+def _cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The chunks of one state in prompt order (None when the chunks carry none, e.g. no scales)."""
+    if any(p is None for p in parts):
+        return None
+    return torch.cat(parts) if len(parts) > 1 else parts[0]  # type: ignore[arg-type,return-value]
 
 
 class DumpWriter:
@@ -93,8 +104,8 @@ class DumpWriter:
         for c in job.chunks:
             if c.ready is not None:
                 c.ready.synchronize()
-        aux = torch.cat([c.aux for c in job.chunks]) if len(job.chunks) > 1 else job.chunks[0].aux
-        last = torch.cat([c.last for c in job.chunks]) if len(job.chunks) > 1 else job.chunks[0].last
+        aux, last, aux_scales, last_scale = (_cat([getattr(c, f) for c in job.chunks]) for f in Chunk.STATES)
+        assert aux is not None and last is not None
         t, h = last.shape  # [T, H]
         if aux.shape != (t, k * h) or t != req.num_tokens:
             self.error(
@@ -102,13 +113,23 @@ class DumpWriter:
                 f"rows do not add up: aux {tuple(aux.shape)}, last {tuple(last.shape)}, {req.num_tokens} tokens",
             )
             return
+        aux = aux.view(t, k, h)  # [T, K, H]: SGLang concatenates the K layers on the last dim
+        quantized = aux.dtype == FP8
+        if quantized != (req.store_dtype == FP8_NAME):
+            if quantized:
+                self.error(job.rid, f"the hook quantized to FP8, the request file asks for {req.store_dtype}")
+                return
+            # The request file was unreadable when the first chunk came: quantize here, on the CPU (one pass).
+            (aux, aux_scales), (last, last_scale) = quantize_fp8(aux), quantize_fp8(last)
         data = encode_sample(
             req.sample_id,
             req.aux_layers,
             torch.tensor(job.input_ids, dtype=torch.int64),
             torch.tensor(req.loss_mask, dtype=torch.uint8),
-            aux.view(t, k, h),  # [T, K, H]: SGLang concatenates the K layers on the last dim
+            aux,
             last,
+            aux_scales,
+            last_scale,
         )
         atomic_write_bytes(proto.dump_path(self.dump_dir, job.rid), data)
         self.written += 1

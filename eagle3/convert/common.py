@@ -22,12 +22,11 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.sample_format import KEYS, SampleTensors, check_header, read_header
+from eagle3.sample_format import ST_DTYPES, SampleTensors, check_header, read_header, state_keys
 from eagle3.store import DTYPES, RunInfo
 
 SIDECAR = "eagle3_export.json"  # written by our exporters beside the peer data; peers ignore it
 SIDECAR_FORMAT = "eagle3-export/1"
-ST_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "I64": torch.int64, "U8": torch.uint8}
 ST_NAMES = {v: k for k, v in ST_DTYPES.items()}
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
@@ -183,12 +182,12 @@ def read_store_sample(path: Path, info: RunInfo) -> SampleTensors:
     tensors are writable and the file is never changed). Used by the exporters, which only read them.
     """
     check_header(path, num_tokens=None, num_aux=len(info.aux_layers), hidden_size=info.hidden_size,
-                 dtype=DTYPES[info.dtype])  # fmt: skip
+                 dtype=info.stored)  # fmt: skip
     header, n, _ = read_header(path)
     with open(path, "rb") as f:
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     out = {}
-    for key in KEYS:
+    for key in state_keys(info.stored):
         h = header[key]
         dt = ST_DTYPES[h["dtype"]]
         a, b = h["data_offsets"]

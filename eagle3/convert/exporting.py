@@ -16,6 +16,7 @@ from eagle3.convert.common import (
 )
 from eagle3.convert.store_writer import PeerJob
 from eagle3.fsio import atomic_write_json
+from eagle3.sample_format import FP8_NAME
 from eagle3.store import RunInfo, RunStore
 
 
@@ -70,6 +71,18 @@ def finish_export(
         peer_layer_ids=peer_ids,
         notes=notes,
     )
+
+
+def store_dtype_notes(info: RunInfo, peer: str) -> list[str]:
+    """What an export of an FP8 store did to the states (neither peer reads our FP8 layout)."""
+    if info.store_dtype != FP8_NAME:
+        return []
+    return [
+        f"the store is FP8 (float8_e4m3 with one float32 scale per token per state), a layout {peer} does not "
+        f"read (speculators' reader at c05b95b takes float tensors only; SpecForge loads torch tensors as "
+        f"saved): the export holds the states dequantized to {info.dtype} (q x scale), 2x the store's bytes. "
+        "Importing this export back re-quantizes them (its eagle3_export.json records store_dtype)"
+    ]
 
 
 def sidecar_shards(side: ExportSidecar, make: Callable[[SidecarSample], PeerJob]) -> list[list[PeerJob]]:

@@ -45,7 +45,7 @@ from eagle3.convert.common import (
     require_run_info,
     specforge_to_hf,
 )
-from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards
+from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards, store_dtype_notes
 from eagle3.convert.stage import VOCAB_FILE
 from eagle3.convert.store_writer import (
     PeerJob,
@@ -94,7 +94,7 @@ def export_specforge(
         if skip and dst.is_file():
             return 0, 0, 1
         src = store.sample_path(job.shard, job.sample_id)
-        s = read_store_sample(src, info)
+        s = read_store_sample(src, info).dequantized(DTYPES[info.dtype])  # FP8 store: q * scale
         t, k, h = s.aux_hidden_states.shape
         record = {
             "input_ids": s.input_ids,  # [T] int64
@@ -114,6 +114,7 @@ def export_specforge(
     notes = [f"SpecForge reads no layer ids from the data: set the draft config's "
              f"eagle_config.eagle_aux_hidden_state_layer_ids = {layer_ids} (output-of-layer ids, "
              f"HF hidden_states {info.aux_layers}); check the family rules in docs/formats.md"]  # fmt: skip
+    notes += store_dtype_notes(info, PEER)
     vocab = store.root / VOCAB_FILE
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)

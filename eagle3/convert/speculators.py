@@ -48,7 +48,7 @@ from eagle3.convert.common import (
     safetensors_header,
     vllm_to_hf,
 )
-from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards
+from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards, store_dtype_notes
 from eagle3.convert.stage import VOCAB_FILE
 from eagle3.convert.store_writer import (
     PeerJob,
@@ -177,7 +177,7 @@ def export_speculators(
 
     def one(job: SidecarSample) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
         src = store.sample_path(job.shard, job.sample_id)
-        s = read_store_sample(src, info)
+        s = read_store_sample(src, info).dequantized(DTYPES[info.dtype])  # FP8 store: q * scale
         ids, mask = s.input_ids.numpy().copy(), s.loss_mask.numpy().astype(np.int64)
         dst = hs_path(out, job.index)
         if skip and dst.is_file():
@@ -200,6 +200,7 @@ def export_speculators(
         "verifier norm to that slot again, so its verifier targets differ from vLLM-extracted data "
         "(docs/formats.md)",
     ]
+    notes += store_dtype_notes(info, PEER)
     vocab = store.root / VOCAB_FILE
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)

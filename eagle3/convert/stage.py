@@ -29,7 +29,7 @@ from eagle3.convert.vocab import VOCAB_FORMAT, select_vocab, write_vocab_map
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.sample_format import SampleFormatError, check_header, read_header
-from eagle3.store import DTYPES, RunInfo, RunStore
+from eagle3.store import RunInfo, RunStore
 
 CONVERT_FORMAT = "eagle3-convert/1"
 VOCAB_FILE = "vocab_map.safetensors"
@@ -77,7 +77,7 @@ def _fingerprint(store: RunStore, info: RunInfo, draft: int) -> tuple[str, int]:
 def _token_arrays(path: Path, info: RunInfo) -> tuple[torch.Tensor, torch.Tensor]:
     """input_ids [T] int64 and loss_mask [T] uint8 of a sample, reading only those bytes."""
     check_header(path, num_tokens=None, num_aux=len(info.aux_layers), hidden_size=info.hidden_size,
-                 dtype=DTYPES[info.dtype])  # fmt: skip
+                 dtype=info.stored)  # fmt: skip
     header, n, _ = read_header(path)
     out = []
     with open(path, "rb") as f:

@@ -20,7 +20,7 @@ from eagle3.config import PipelineConfig
 from eagle3.convert.common import DTYPE_NAMES, PeerFormatError, TargetModel, ordered_map
 from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn
-from eagle3.sample_format import encode_sample, write_sample
+from eagle3.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
 from eagle3.store import PREPARED_SCHEMA, PreparedManifest, RunInfo, RunStore, SampleEntry, ShardManifest
 
 
@@ -102,8 +102,10 @@ def write_shards(
     total: int,
     workers: int,
     report: ProgressFn,
+    fp8: bool = False,
 ) -> StoreSummary:
-    """Load every job (None = a skipped, missing peer file), write it into the store, shard by shard."""
+    """Load every job (None = a skipped, missing peer file), write it into the store, shard by shard; `fp8`:
+    quantize the states (an FP8 store, eagle3.sample_format.quantize_fp8) as extraction would."""
     summary = StoreSummary()
     counter = ProgressCounter("import", total, report)
     shape: tuple[int, int, torch.dtype] | None = None  # (K, H, dtype) of the first sample
@@ -117,8 +119,11 @@ def write_shards(
             raise PeerFormatError(f"{s.source}: {s.input_ids.numel()} tokens, the export sidecar says {job.num_tokens}")
         if s.input_ids.numel() and (int(s.input_ids.min()) < 0 or int(s.input_ids.max()) >= vocab_size):
             raise PeerFormatError(f"{s.source}: token id outside the target vocabulary 0..{vocab_size - 1}")
-        data = encode_sample(s.sample_id, aux_layers, s.input_ids, s.loss_mask, s.aux_hidden_states,
-                             s.last_hidden_state)  # fmt: skip
+        states: list[torch.Tensor] = [s.aux_hidden_states, s.last_hidden_state]
+        if fp8:
+            (qa, sa), (ql, sl) = quantize_fp8(s.aux_hidden_states), quantize_fp8(s.last_hidden_state)
+            states = [qa, ql, sa, sl]
+        data = encode_sample(s.sample_id, aux_layers, s.input_ids, s.loss_mask, *states)
         rec = write_sample(store.sample_path(shard, s.sample_id), data)
         return s, SampleEntry(num_tokens=rec.num_tokens, num_bytes=rec.num_bytes, crc32=rec.crc32)
 
@@ -203,12 +208,15 @@ def import_into(
     """Write the peer's samples, then the RunInfo (`info` when the peer carries one, else built from `target`)
     and the config the store records: the shared tail of every importer, before its own ImportResult."""
     vocab = info.vocab_size if info else target.vocab_size  # type: ignore[union-attr]
+    # FP8 when the export came from an FP8 store (its sidecar's run.json), or when the config asks for it.
+    fp8 = (info.store_dtype if info else cfg.extract.store_dtype if cfg else "") == FP8_NAME
     summary = write_shards(store, shards, load, aux_layers=aux_layers, vocab_size=vocab,
-                           total=sum(len(s) for s in shards), workers=workers, report=report)  # fmt: skip
+                           total=sum(len(s) for s in shards), workers=workers, report=report, fp8=fp8)  # fmt: skip
     if info is None:
         assert target is not None
         info = imported_run_info(target, summary.dtype, summary.hidden_size, aux_layers, peer_ids, convention,
                                  engine, summary.fingerprint, cfg, store)  # fmt: skip
+        info.store_dtype = FP8_NAME if fp8 else info.dtype
     cfg = cfg or PipelineConfig.model_validate({"run_dir": str(store.root), "model": info.model_path})
     return summary, info, cfg
 

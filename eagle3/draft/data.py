@@ -9,6 +9,9 @@ exactly `batch_tokens` so every step has one shape; attention never crosses docu
 document id). The plan of epoch e depends only on (seed, e): shuffle, sort windows of samples by length,
 fill rows first-fit in that order, shuffle the rows. Rank r of W takes rows r, r+W, ... so resuming at a
 step needs nothing but (epoch, rows consumed).
+
+FP8 stores: a row holds the float8_e4m3fn bytes and float32 scales as read (half the bytes of bf16 from disk
+and over PCIe); `PackedBatch.dequantized` turns them into bf16 on the training device.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 from safetensors import safe_open
 from torch import Tensor
 
-from eagle3.sample_format import KEYS, ST_DTYPES, SampleFormatError, read_header
+from eagle3.sample_format import FP8, KEYS, SCALE_KEYS, ST_DTYPES, SampleFormatError, dequantize_fp8, read_header
 
 INDEX_FILE = "index.arrow"
 VOCAB_FILE = "vocab_map.safetensors"
@@ -99,12 +102,28 @@ def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> 
 class PackedBatch:
     input_ids: Tensor  # [N] int64
     loss_mask: Tensor  # [N] uint8
-    aux_hidden: Tensor  # [N, K, H] store dtype
+    aux_hidden: Tensor  # [N, K, H] store dtype (float8_e4m3fn until `dequantized`)
     last_hidden: Tensor  # [N, H] store dtype
     positions: Tensor  # [N] int64, position within the document
     remaining: Tensor  # [N] int64, tokens after this one in its document (0 on padding)
     doc: Tensor  # [N] int32, document index in the row; padding is one more document
     num_tokens: int  # real (unpadded) tokens
+    aux_scales: Tensor | None = None  # [N, K] float32, FP8 stores only (0 on padding)
+    last_scale: Tensor | None = None  # [N] float32
+
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> PackedBatch:
+        """The states in `dtype` where they are (q * scale, on the GPU after the copy); a row that is not FP8
+        is returned as it is."""
+        if self.aux_scales is None or self.last_scale is None:
+            return self
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        moved.update(
+            aux_hidden=dequantize_fp8(self.aux_hidden, self.aux_scales, dtype),
+            last_hidden=dequantize_fp8(self.last_hidden, self.last_scale, dtype),
+            aux_scales=None,
+            last_scale=None,
+        )
+        return PackedBatch(**moved)
 
     def to(self, device: torch.device, non_blocking: bool = False) -> PackedBatch:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -130,6 +149,10 @@ class SampleLayout:
     shapes: dict[str, tuple[int, ...]]
     offsets: dict[str, int]
 
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return KEYS + SCALE_KEYS if self.dtype == FP8 else KEYS
+
 
 def read_layout(path: Path) -> SampleLayout:
     """The header of a sample file (one small read), checked for the four keys and their token counts."""
@@ -138,12 +161,21 @@ def read_layout(path: Path) -> SampleLayout:
     except SampleFormatError as e:
         raise DataError(str(e)) from None
     header.pop("__metadata__", None)
-    if set(header) != set(KEYS):
-        raise DataError(f"{path}: keys {sorted(header)}, expected {sorted(KEYS)}; re-run extract for this sample")
-    shapes = {k: tuple(header[k]["shape"]) for k in KEYS}
+    fp8 = header.get("aux_hidden_states", {}).get("dtype") == "F8_E4M3"
+    keys = KEYS + SCALE_KEYS if fp8 else KEYS
+    if set(header) != set(keys):
+        raise DataError(f"{path}: keys {sorted(header)}, expected {sorted(keys)}; re-run extract for this sample")
+    shapes = {k: tuple(header[k]["shape"]) for k in keys}
     t = shapes["input_ids"][0] if shapes["input_ids"] else 0
-    dtypes = {k: ST_DTYPES.get(header[k]["dtype"]) for k in KEYS}
-    end = max(header[k]["data_offsets"][1] for k in KEYS)
+    dtypes = {k: ST_DTYPES.get(header[k]["dtype"]) for k in keys}
+    end = max(header[k]["data_offsets"][1] for k in keys)
+    k_aux = shapes["aux_hidden_states"][1] if len(shapes["aux_hidden_states"]) == 3 else -1
+    if fp8 and (
+        shapes["aux_scales"] != (t, k_aux) or shapes["last_scale"] != (t,) or
+        dtypes["aux_scales"] != torch.float32 or dtypes["last_scale"] != torch.float32
+    ):  # fmt: skip
+        raise DataError(f"{path}: FP8 scales {header['aux_scales']} / {header['last_scale']} do not fit the states "
+                        f"{shapes['aux_hidden_states']}; re-run extract")  # fmt: skip
     if (
         dtypes["input_ids"] != torch.int64
         or dtypes["loss_mask"] != torch.uint8
@@ -158,7 +190,7 @@ def read_layout(path: Path) -> SampleLayout:
         raise DataError(f"{path}: not a complete sample file ({size} bytes, header {header}); re-run extract")
     dtype = dtypes["aux_hidden_states"]
     assert dtype is not None
-    return SampleLayout(path, t, dtype, shapes, {k: 8 + n + header[k]["data_offsets"][0] for k in KEYS})
+    return SampleLayout(path, t, dtype, shapes, {k: 8 + n + header[k]["data_offsets"][0] for k in keys})
 
 
 def _pread_into(fd: int, offset: int, dst: Tensor, where: Path) -> None:
@@ -175,7 +207,8 @@ def _pread_into(fd: int, offset: int, dst: Tensor, where: Path) -> None:
 
 def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedBatch:
     """The samples at `paths` packed into one row of exactly batch_tokens tokens (each cut to batch_tokens),
-    read straight from the files into the row's (pinned) buffers: no intermediate copy."""
+    read straight from the files into the row's (pinned) buffers: no intermediate copy. FP8 samples stay FP8
+    (with their scales) here; `PackedBatch.dequantized` converts them on the device."""
     layouts = [read_layout(p) for p in paths]
     counts = [min(lay.num_tokens, batch_tokens) for lay in layouts]
     n = sum(counts)
@@ -205,6 +238,10 @@ def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedB
         "aux_hidden_states": out.aux_hidden,
         "last_hidden_state": out.last_hidden,
     }
+    if dtype == FP8:
+        out.aux_scales = torch.empty(batch_tokens, k, dtype=torch.float32, pin_memory=pin)
+        out.last_scale = torch.empty(batch_tokens, dtype=torch.float32, pin_memory=pin)
+        dst.update(aux_scales=out.aux_scales, last_scale=out.last_scale)
     a = 0
     for d, (lay, t) in enumerate(zip(layouts, counts, strict=True)):
         try:
@@ -212,7 +249,7 @@ def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedB
         except OSError as e:
             raise DataError(f"{lay.path}: cannot read sample ({e})") from None
         try:
-            for key in KEYS:  # row-major [T, ...]: the first t rows are the first bytes
+            for key in lay.keys:  # row-major [T, ...]: the first t rows are the first bytes
                 _pread_into(fd, lay.offsets[key], dst[key][a : a + t], lay.path)
         finally:
             os.close(fd)
@@ -220,8 +257,9 @@ def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedB
         out.remaining[a : a + t] = torch.arange(t - 1, -1, -1)
         out.doc[a : a + t] = d
         a += t
-    out.aux_hidden[a:] = 0
-    out.last_hidden[a:] = 0
+    for pad in (out.aux_hidden, out.last_hidden, out.aux_scales, out.last_scale):
+        if pad is not None:
+            pad[a:].view(torch.uint8).zero_()  # bytes: float8 tensors have no fill kernel on every device
     return out
 
 
@@ -299,10 +337,10 @@ class BatchStream:
             cpu = fut.result()
             self.wait_s += time.perf_counter() - t0
             if copy_stream is None:
-                yield pos, cpu.to(self.device)
+                yield pos, cpu.to(self.device).dequantized()
                 continue
-            with torch.cuda.stream(copy_stream):
-                dev = cpu.to(self.device, non_blocking=True)
+            with torch.cuda.stream(copy_stream):  # FP8: the copy moves the FP8 bytes, dequantized on the GPU
+                dev = cpu.to(self.device, non_blocking=True).dequantized()
             if ahead is not None:
                 yield ahead
             torch.cuda.current_stream(self.device).wait_stream(copy_stream)

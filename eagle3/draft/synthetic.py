@@ -20,7 +20,7 @@ from safetensors.torch import save
 
 from eagle3.draft.data import INDEX_FILE, VOCAB_FILE
 from eagle3.fsio import atomic_write_bytes, atomic_write_json
-from eagle3.sample_format import encode_sample, write_sample
+from eagle3.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
 from eagle3.store import RunInfo, RunStore
 
 INDEX_SCHEMA = pa.schema(
@@ -50,6 +50,7 @@ class SyntheticSpec:
     dtype: torch.dtype = torch.bfloat16
     learnable: bool = True
     seed: int = 0
+    store_dtype: str = "bfloat16"  # or "float8_e4m3": the states quantized as extraction would (quantize_fp8)
 
 
 def target_config(spec: SyntheticSpec) -> dict[str, Any]:
@@ -118,6 +119,9 @@ def write_run(run_dir: Path, model_dir: Path, spec: SyntheticSpec, device: str =
         else:
             off = j % 257
             aux, last = pool[off : off + t, :k], pool[off : off + t, k]  # type: ignore[index]
+        if spec.store_dtype == FP8_NAME:
+            (qa, sa), (ql, sl) = quantize_fp8(aux), quantize_fp8(last)
+            return encode_sample(f"s{j:06d}", list(spec.aux_layers), x, loss_mask, qa, ql, sa, sl)
         return encode_sample(f"s{j:06d}", list(spec.aux_layers), x, loss_mask, aux, last)
 
     rows = []
@@ -137,6 +141,7 @@ def write_run(run_dir: Path, model_dir: Path, spec: SyntheticSpec, device: str =
         engine="synthetic",
         engine_version="0",
         dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[spec.dtype],
+        store_dtype=FP8_NAME if spec.store_dtype == FP8_NAME else "",
         hidden_size=h,
         num_layers=spec.num_layers,
         vocab_size=v,

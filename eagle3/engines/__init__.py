@@ -27,6 +27,7 @@ def build_engine(cfg: PipelineConfig, model_dir: Path) -> Engine:
             device=cfg.server.device,
             dtype=cfg.server.dtype,
             batch_tokens=cfg.server.batch_tokens,
+            store_dtype=cfg.extract.store_dtype,
         )
     if cfg.server.engine == "sglang":
         sglang_engine = importlib.import_module("eagle3.engines.sglang_engine")

@@ -21,8 +21,10 @@ from eagle3.store import PreparedSample
 @dataclass
 class Captured:
     sample: PreparedSample
-    aux_hidden_states: torch.Tensor  # [T, K, H], CPU, model dtype
-    last_hidden_state: torch.Tensor  # [T, H], CPU, model dtype
+    aux_hidden_states: torch.Tensor  # [T, K, H], CPU, model dtype (or float8_e4m3fn for an FP8 store)
+    last_hidden_state: torch.Tensor  # [T, H], CPU, model dtype (or float8_e4m3fn)
+    aux_scales: torch.Tensor | None = None  # [T, K] float32, FP8 only (eagle3.sample_format.quantize_fp8)
+    last_scale: torch.Tensor | None = None  # [T] float32, FP8 only
 
 
 @dataclass

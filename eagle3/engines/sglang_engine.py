@@ -2,7 +2,7 @@
 
 For each sample (at most `extract.window` in flight; 1 = the case study's synchronous loop):
 
-  1. write `<dump_dir>/<rid>.req.json` (sample id, layers, loss mask: /generate cannot carry them),
+  1. write `<dump_dir>/<rid>.req.json` (sample id, layers, loss mask, store dtype: /generate cannot carry them),
   2. POST /generate {input_ids, rid, sampling_params: {max_new_tokens: 0}} (prefill only),
   3. check meta_info: prompt_tokens == len(input_ids), cached_tokens == 0 (a cached prefix is never
      computed, so never captured),
@@ -44,7 +44,7 @@ from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.fsio import remove_stale_temps
 from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts
-from eagle3.sample_format import SampleFormatError, check_header
+from eagle3.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
 from eagle3.server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
 from eagle3.store import DTYPES, PreparedSample
@@ -94,7 +94,8 @@ class SGLangEngine:
         self.run_id = run_id
         self.dump_dir = Path(dump_dir)
         self.hidden_size = facts.hidden_size
-        self.dtype = DTYPES[cfg.server.dtype]
+        self.store_dtype = cfg.extract.store_dtype
+        self.dtype = FP8 if self.store_dtype == FP8_NAME else DTYPES[cfg.server.dtype]  # of the dumped states
         self.dump_timeout_s = dump_timeout_s
         self.info = EngineInfo(
             name="sglang",
@@ -204,7 +205,9 @@ class SGLangEngine:
         n = len(sample.input_ids)
         proto.write_request(
             self.dump_dir,
-            proto.RequestInfo(rid, sample.sample_id, n, self.info.aux_layers, list(sample.loss_mask)),
+            proto.RequestInfo(
+                rid, sample.sample_id, n, self.info.aux_layers, list(sample.loss_mask), self.store_dtype
+            ),
         )
         body = {"input_ids": list(sample.input_ids), "rid": rid, "sampling_params": {"max_new_tokens": 0}}
         try:

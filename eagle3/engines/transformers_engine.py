@@ -4,7 +4,9 @@ One forward per batch of samples (sorted by length, packed up to `batch_tokens` 
 right padding). We call the base model (no lm_head, so no [B, S, vocab] logits) with
 `output_hidden_states=True`; its `hidden_states` tuple is exactly the store's index space
 (0 = embeddings, i = input of decoder layer i) and its last entry is the final post-norm state.
-Each sample's rows [:T] are sliced back out, so padding never reaches the store.
+Each sample's rows [:T] are sliced back out, so padding never reaches the store. For an FP8 store
+(extract.store_dtype: float8_e4m3) the batch is quantized on the device (eagle3.sample_format.quantize_fp8)
+before the device-to-host copy, so the copy and the writers move half the bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from eagle3.engines.base import Captured, EngineInfo, Failed, Outcome
 from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts
+from eagle3.sample_format import FP8_NAME, quantize_fp8
 from eagle3.store import DTYPES, PreparedSample
 
 CONVENTION = "hf_hidden_states"
@@ -85,9 +88,12 @@ class TransformersEngine:
         device: str = "auto",
         dtype: str = "bfloat16",
         batch_tokens: int = 8192,
+        store_dtype: str = "bfloat16",
     ):
         if dtype not in DTYPES:
             raise ValueError(f"server.dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+        if store_dtype not in ("bfloat16", FP8_NAME):
+            raise ValueError(f"extract.store_dtype {store_dtype!r}: expected 'bfloat16' or {FP8_NAME!r}")
         if batch_tokens <= 0:
             raise ValueError(f"server.batch_tokens must be positive, got {batch_tokens}")
         facts = read_model_facts(Path(model_dir))
@@ -96,6 +102,7 @@ class TransformersEngine:
         self.device = resolve_device(device)
         self.dtype = DTYPES[dtype]
         self.batch_tokens = batch_tokens
+        self.fp8 = store_dtype == FP8_NAME
         layers = resolve_aux_layers(aux_layers, facts.num_layers)
         self.info = EngineInfo(
             name="transformers",
@@ -147,37 +154,41 @@ class TransformersEngine:
     @torch.inference_mode()
     def launch(self, batch: Sequence[PreparedSample]) -> InFlight:
         """Run one padded batch; its states arrive on the CPU when `InFlight.outcomes` is read."""
-        ids, mask = pad_right(batch)  # [B, S]
-        out = self.base_model()(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device) if len(batch) > 1 else None,
-            output_hidden_states=True,
-            use_cache=False,
-        )
+        ids, _ = pad_right(batch)  # [B, S]
+        # No attention mask: with right padding and causal attention no real row ever sees a padding row (the
+        # states are identical, tested), and a padding mask makes transformers build a 4D mask and wait for the
+        # device, which serialised the host's work with the GPU's (docs/performance.md).
+        if self.device.type == "cuda":  # a pageable copy would wait for the previous batch's forward
+            ids = ids.pin_memory().to(self.device, non_blocking=True)
+        out = self.base_model()(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
         last = out.last_hidden_state  # [B, S, H]
+        tensors = [aux, last]
+        if self.fp8:  # on the device, before the copy: [B, S, K, H] fp8 + [B, S, K] scales, [B, S, H] + [B, S]
+            del hs, out
+            (qa, sa), (ql, sl) = quantize_fp8(aux), quantize_fp8(last)
+            tensors = [qa, ql, sa, sl]
         if self.device.type != "cuda":
-            return InFlight(list(batch), aux.to("cpu"), last.to("cpu"), None)
-        return self._copy_to_host(list(batch), aux, last)
+            return InFlight.of(list(batch), [x.to("cpu") for x in tensors], None)
+        return self._copy_to_host(list(batch), tensors)
 
     # -------------------------------------------------------------------------------------
-    def _copy_to_host(self, batch: list[PreparedSample], aux: torch.Tensor, last: torch.Tensor) -> InFlight:
+    def _copy_to_host(self, batch: list[PreparedSample], tensors: list[torch.Tensor]) -> InFlight:
         """Device -> pinned host copies on a side stream, so they overlap the next batch's forward."""
         if self._copy_stream is None:
             self._copy_stream = torch.cuda.Stream(self.device)
         stream = self._copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            aux_host = torch.empty(aux.shape, dtype=aux.dtype, pin_memory=True)
-            last_host = torch.empty(last.shape, dtype=last.dtype, pin_memory=True)
-            aux_host.copy_(aux, non_blocking=True)
-            last_host.copy_(last, non_blocking=True)
+            host = [torch.empty(x.shape, dtype=x.dtype, pin_memory=True) for x in tensors]
+            for h, x in zip(host, tensors, strict=True):
+                h.copy_(x, non_blocking=True)
             ready = torch.cuda.Event()
             ready.record(stream)
-        aux.record_stream(stream)  # keep the allocator from reusing them before the copy is done
-        last.record_stream(stream)
-        return InFlight(batch, aux_host, last_host, ready)
+        for x in tensors:
+            x.record_stream(stream)  # keep the allocator from reusing them before the copy is done
+        return InFlight.of(batch, host, ready)
 
     def _retry_alone(self, batch: list[PreparedSample]) -> Iterator[Outcome]:
         """After an out-of-memory batch: each sample on its own; one that still does not fit fails."""
@@ -209,13 +220,24 @@ class InFlight:
     """A batch whose states are on their way to host memory."""
 
     batch: list[PreparedSample]
-    aux: torch.Tensor  # [B, S, K, H] on CPU (pinned on CUDA)
+    aux: torch.Tensor  # [B, S, K, H] on CPU (pinned on CUDA); float8_e4m3fn for an FP8 store
     last: torch.Tensor  # [B, S, H]
-    ready: torch.cuda.Event | None  # set when the device -> host copy is done (None: already there)
+    aux_scales: torch.Tensor | None = None  # [B, S, K] float32, FP8 only
+    last_scale: torch.Tensor | None = None  # [B, S] float32, FP8 only
+    ready: torch.cuda.Event | None = None  # set when the device -> host copy is done (None: already there)
+
+    @classmethod
+    def of(cls, batch: list[PreparedSample], host: list[torch.Tensor], ready: torch.cuda.Event | None) -> InFlight:
+        """From [aux, last] or, quantized, [aux, last, aux_scales, last_scale]."""
+        if len(host) == 4:
+            return cls(batch, host[0], host[1], host[2], host[3], ready)
+        return cls(batch, host[0], host[1], None, None, ready)
 
     def outcomes(self) -> Iterator[Outcome]:
         if self.ready is not None:
             self.ready.synchronize()
         for b, s in enumerate(self.batch):
             t = len(s)
-            yield Captured(s, self.aux[b, :t], self.last[b, :t])  # unpadded views: [T, K, H], [T, H]
+            sa = None if self.aux_scales is None else self.aux_scales[b, :t]  # [T, K]
+            sl = None if self.last_scale is None else self.last_scale[b, :t]  # [T]
+            yield Captured(s, self.aux[b, :t], self.last[b, :t], sa, sl)  # unpadded views: [T, K, H], [T, H]

@@ -215,3 +215,33 @@ def test_extracting_a_shard_twice_does_no_work_the_second_time(
     m2 = extract_shard(store, 0, again, info)
     assert again.calls == 0 and m2.samples == m.samples
     assert [p.name for p in env["dump_dir"].iterdir() if p.name != proto.STATUS_DIR] == []
+
+
+def test_fp8_requests_are_quantized_by_the_hook_through_chunked_prefill_into_a_verified_store(
+    env: dict[str, Any], samples: list[PreparedSample], demo_model: Path, hf_states: dict[str, tuple[torch.Tensor, ...]]
+) -> None:
+    """extract.store_dtype float8_e4m3 on the same server that serves bf16 runs (the dtype travels per request in
+    its .req.json): the hook quantizes on the device, the long sample's scales are stitched over its >= 7 chunks,
+    and the dequantized states are within FP8 noise of the HF forward (e4m3: ~2.5% per token)."""
+    from eagle3.verify import verify_run
+
+    cfg = env["cfg"].model_copy(deep=True)
+    cfg.run_dir, cfg.extract.store_dtype = str(env["root"] / "store-fp8"), "float8_e4m3"
+    store = RunStore(cfg.run_dir)
+    write_prepared(store, demo_model, samples)
+    engine = SGLangEngine(cfg, Path(cfg.model), "fp8", env["dump_dir"], server=env["server"])
+    info = open_run(cfg, store, demo_model, engine.info)
+    assert info.store_dtype == "float8_e4m3" and info.dtype == "bfloat16"
+    m = extract_shard(store, 0, engine, info)
+    assert m.status == "complete" and not m.errors
+    assert verify_run(store).clean
+    for s in samples:
+        d = store.open_sample(0, s.sample_id)
+        assert d.is_fp8 and d.aux_scales is not None and d.aux_scales.shape == (len(s), 3)
+        assert d.loss_mask.tolist() == s.loss_mask
+        deq = d.dequantized(torch.float32)
+        for k, layer in enumerate(AUX):
+            assert_same_layer(deq.aux_hidden_states[:, k], hf_states[s.sample_id][layer], f"{s.sample_id} aux {k}",
+                              median=0.06, worst=0.25)  # fmt: skip
+        assert_same_layer(deq.last_hidden_state, hf_states[s.sample_id][-1], f"{s.sample_id} last",
+                          median=0.06, worst=0.25)  # fmt: skip

@@ -98,3 +98,43 @@ def test_the_writer_reports_a_missing_request_file_as_an_error_file(tmp_path: Pa
     w.close()
     assert not proto.dump_path(tmp_path, "e3-r-s2").exists()
     assert "no request file" in (proto.read_error(tmp_path, "e3-r-s2") or "")
+
+
+def _fp8_request(tmp_path: Path, rid: str, t: int, store_dtype: str) -> None:
+    proto.write_request(tmp_path, proto.RequestInfo(rid, rid[-2:], t, [2, 5, 7], [1] * t, store_dtype))
+
+
+def test_the_writer_stitches_chunks_quantized_by_the_hook_with_their_scales(tmp_path: Path) -> None:
+    from eagle3.sample_format import quantize_fp8
+
+    t, k, h = 6, 3, 4
+    aux, last = torch.randn(t, k, h).to(torch.bfloat16), torch.randn(t, h).to(torch.bfloat16)
+    (qa, sa), (ql, sl) = quantize_fp8(aux), quantize_fp8(last)  # what the hook does per chunk, on the device
+    _fp8_request(tmp_path, "e3-r-f1", t, "float8_e4m3")
+    chunks = [Chunk(qa[a:b].reshape(b - a, k * h), ql[a:b], None, sa[a:b], sl[a:b]) for a, b in ((0, 4), (4, 6))]
+    w = DumpWriter(tmp_path)
+    w.submit(Job("e3-r-f1", list(range(t)), chunks, [2, 5, 7]))
+    w.close()
+    s = read_sample(proto.dump_path(tmp_path, "e3-r-f1"))
+    assert s.is_fp8 and torch.equal(s.aux_scales, sa) and torch.equal(s.last_scale, sl)
+    assert torch.equal(s.aux_hidden_states.view(torch.uint8), qa.view(torch.uint8))
+
+
+def test_the_writer_quantizes_on_the_cpu_when_the_hook_did_not_and_refuses_fp8_for_a_bf16_request(
+    tmp_path: Path,
+) -> None:
+    from eagle3.sample_format import quantize_fp8
+
+    t, k, h = 3, 3, 4
+    aux, last = torch.randn(t, k * h).to(torch.bfloat16), torch.randn(t, h).to(torch.bfloat16)
+    _fp8_request(tmp_path, "e3-r-f2", t, "float8_e4m3")  # e.g. its request file was unreadable at the first chunk
+    _fp8_request(tmp_path, "e3-r-b3", t, "bfloat16")
+    (qa, sa), (ql, sl) = quantize_fp8(aux.view(t, k, h)), quantize_fp8(last)
+    w = DumpWriter(tmp_path)
+    w.submit(Job("e3-r-f2", list(range(t)), [Chunk(aux, last, None)], [2, 5, 7]))
+    w.submit(Job("e3-r-b3", list(range(t)), [Chunk(qa.view(t, k * h), ql, None, sa, sl)], [2, 5, 7]))
+    w.close()
+    s = read_sample(proto.dump_path(tmp_path, "e3-r-f2"))
+    assert s.is_fp8 and torch.equal(s.aux_scales, sa)
+    assert not proto.dump_path(tmp_path, "e3-r-b3").exists()
+    assert "the request file asks for bfloat16" in (proto.read_error(tmp_path, "e3-r-b3") or "")
