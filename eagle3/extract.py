@@ -27,14 +27,24 @@ from eagle3.fsio import move_into, remove_stale_temps
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.sample_format import SampleFormatError, encode_sample_parts, record_of, verify_sample, write_sample_parts
-from eagle3.store import DTYPES, PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
+from eagle3.store import (
+    DATA_MIX_KEYS,
+    DTYPES,
+    PreparedSample,
+    RunInfo,
+    RunStore,
+    SampleEntry,
+    ShardManifest,
+    ShardStatus,
+)
 from eagle3.versions import library_versions
 
 #: Called by the writer with the bytes about to be written; raises (eagle3.disk.DiskBudgetError) to stop.
 WriteGuard = Callable[[int], None]
 
-#: run.json fields that must agree before a run may add samples to an existing store.
-RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "aux_layers", "dataset_fingerprint")
+#: run.json fields that must agree before a run may add samples to an existing store (and data.DATA_MIX_KEYS of
+#: its config). The dataset itself may grow: each intake is listed in run.json (`intakes`).
+RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "aux_layers")
 
 
 class RunMismatchError(ValueError):
@@ -44,16 +54,18 @@ class RunMismatchError(ValueError):
 # run.json --------------------------------------------------------------------------------
 def open_run(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine_info: EngineInfo) -> RunInfo:
     """The RunInfo of this store: written on first use; on resume the existing one, after checking
-    that nothing which shapes the data changed (adds newly seen library versions, changes nothing else)."""
+    that nothing which shapes the data changed. Adds newly seen library versions and the intakes of a grown
+    dataset (from prepared/manifest.json); changes nothing else."""
     new = build_run_info(cfg, store, model_dir, engine_info)
     old = store.read_run_info()
     if old is None:
         store.write_run_info(new)
         return new
     check_same_run(old, new, store)
-    added = {k: v for k, v in new.versions.items() if k not in old.versions}
-    if added:
-        old.versions.update(added)
+    before = old.model_dump()
+    old.versions.update({k: v for k, v in new.versions.items() if k not in old.versions})
+    old.intakes, old.dataset_fingerprint = new.intakes, new.dataset_fingerprint
+    if old.model_dump() != before:
         store.write_run_info(old)
     return old
 
@@ -85,17 +97,21 @@ def build_run_info(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine
         dataset_fingerprint=prepared.dataset_fingerprint,
         versions=library_versions(),
         config=cfg.model_dump(mode="json"),
+        intakes=prepared.intakes,
     )
 
 
 def check_same_run(old: RunInfo, new: RunInfo, store: RunStore) -> None:
     diffs = [f"{k}: store has {getattr(old, k)!r}, now {getattr(new, k)!r}" for k in RESUME_KEYS
              if getattr(old, k) != getattr(new, k)]  # fmt: skip
+    old_data, new_data = old.config.get("data", {}), new.config.get("data", {})
+    diffs += [f"data.{k}: store has {old_data[k]!r}, now {new_data.get(k)!r}" for k in DATA_MIX_KEYS
+              if k in old_data and old_data[k] != new_data.get(k)]  # fmt: skip
     if diffs:
         raise RunMismatchError(
             f"{store.run_json} was written for different data:\n  " + "\n  ".join(diffs) + "\n"
-            "Samples from both would be mixed. Use a new run_dir, or delete "
-            f"{store.root / 'shards'} and {store.run_json} to start this store over."
+            "Samples from both would be mixed. Choose a new run_dir (it may contain {date} or {model_sha}), or "
+            f"delete {store.root / 'shards'} and {store.run_json} to start this store over."
         )
 
 

@@ -25,6 +25,8 @@ from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json, safe_n
 from eagle3.sample_format import SampleFormatError, SampleTensors, check_header, read_sample, verify_sample
 
 ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
+#: data settings that change what a sample is: a store never mixes samples made under two of them.
+DATA_MIX_KEYS = ("max_length", "truncate")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -34,6 +36,25 @@ def now() -> str:
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class Intake(Record):
+    """One intake of source data into the store: what it read and what it added (prepared/manifest.json and
+    run.json list them in order; the first is the store's first prepare)."""
+
+    at: str = Field(default_factory=now)
+    files: dict[str, str] = Field(description="source files read in this intake (new or changed) -> sha256")
+    missing_files: list[str] = Field(default_factory=list, description="files taken in before and gone now")
+    new_samples: int
+    new_tokens: int
+    shards: list[int] = Field(description="the prepared shards this intake appended")
+    known_samples: int = Field(0, description="rows read whose sample the store already held (not added again)")
+    vanished_samples: int = Field(
+        0, description="samples whose recorded source row (file:row) is gone: its file changed without it, or went "
+        "missing; kept in the store, not deleted"
+    )
+    bad_rows: int = 0
+    dataset_fingerprint: str
 
 
 class RunInfo(Record):
@@ -52,10 +73,12 @@ class RunInfo(Record):
     aux_layers: list[int] = Field(description="HF hidden_states indices")
     engine_layer_ids: list[int] = Field(description="the same layers in the engine's own convention")
     engine_layer_convention: str
-    dataset_fingerprint: str
+    dataset_fingerprint: str = Field(description="of the dataset as of the latest intake")
     versions: dict[str, str]
     config: dict
     created_at: str = Field(default_factory=now)
+    intakes: list[Intake] = Field(default_factory=list, description="copied from prepared/manifest.json")
+    run_dir_template: str | None = Field(default=None, description="`run_dir` as configured, before {date}/{model_sha}")
 
 
 class SampleEntry(Record):
@@ -95,6 +118,8 @@ class PreparedManifest(Record):
     duplicates: int = 0
     config: dict
     created_at: str = Field(default_factory=now)
+    files: dict[str, str] = Field(default_factory=dict, description="source files taken in so far -> sha256")
+    intakes: list[Intake] = Field(default_factory=list)
 
 
 PREPARED_SCHEMA = pa.schema(
