@@ -3,11 +3,14 @@ and every run records it in run.json. Unknown keys are errors (extra="forbid")."
 
 from __future__ import annotations
 
+import datetime as dt
+import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
 STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
@@ -260,7 +263,15 @@ class EvaluateConfig(StrictModel):
 class PipelineConfig(StrictModel):
     """prepare -> [synthesize] -> extract -> convert -> train -> export -> evaluate."""
 
-    run_dir: str = Field("data/runs/demo", description="Output directory of this run (the store).")
+    run_dir: str = Field(
+        "data/runs/demo",
+        description="Output directory of this run (the store). May hold `{date}` (UTC, YYYY-MM-DD) and `{model_sha}` "
+        "(the first 12 hex digits of the target model's content hash), filled in once when the run starts: "
+        "`data/runs/{model_sha}` gives each model checkpoint its own store.",
+    )
+    run_dir_template: str | None = Field(
+        None, description="Set by the run, not by you: `run_dir` as written, before its placeholders were filled in."
+    )
     model: str = Field(
         "demo", description="Target model: a Hugging Face model directory, or `demo` for the bundled SmolLM2-135M."
     )
@@ -283,6 +294,14 @@ class PipelineConfig(StrictModel):
             raise ValueError(f"stages must be unique and in pipeline order {list(STAGES)}; got {self.stages}")
         return self
 
+    @field_validator("run_dir")
+    @classmethod
+    def _check_run_dir_placeholders(cls, run_dir: str) -> str:
+        unknown = run_dir_placeholders(run_dir) - set(RUN_DIR_PLACEHOLDERS)
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{date}} or {{model_sha}}")
+        return run_dir
+
     @model_validator(mode="after")
     def _check_attached_dump_dirs(self) -> PipelineConfig:
         """Two attached servers writing one dump directory would clear each other's files."""
@@ -294,6 +313,26 @@ class PipelineConfig(StrictModel):
                 "EAGLE3_DUMP_DIR and give it as that entry's dump_dir"
             )
         return self
+
+
+RUN_DIR_PLACEHOLDERS = ("date", "model_sha")
+
+
+def run_dir_placeholders(run_dir: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(run_dir) if name is not None}
+    except ValueError as e:
+        raise ValueError(f"{e} (placeholders look like {{date}})") from None
+
+
+def resolve_run_dir(cfg: PipelineConfig, *, today: dt.date, model_sha: Callable[[], str]) -> PipelineConfig:
+    """`cfg` with run_dir's placeholders filled in (once, at run start; the template kept in run_dir_template).
+    `model_sha()` (the model's content hash) is called only when the template uses it. No placeholders: `cfg`."""
+    used = run_dir_placeholders(cfg.run_dir)
+    if not used:
+        return cfg
+    values = {"date": today.isoformat(), "model_sha": model_sha()[:12] if "model_sha" in used else ""}
+    return cfg.model_copy(update={"run_dir": cfg.run_dir.format(**values), "run_dir_template": cfg.run_dir})
 
 
 class ConfigError(ValueError):

@@ -98,6 +98,7 @@ def build_run_info(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine
         versions=library_versions(),
         config=cfg.model_dump(mode="json"),
         intakes=prepared.intakes,
+        run_dir_template=cfg.run_dir_template,
     )
 
 

@@ -13,7 +13,7 @@ from eagle3.config import PipelineConfig
 from tasks.artifacts import run_summary_task
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
-from tasks.model import resolve_model_task
+from tasks.model import resolve_model_task, run_dir_task
 from tasks.train import train_task
 
 
@@ -33,4 +33,6 @@ def train_flow(config: PipelineConfig) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
     live evaluation finds the draft slower than the plain target."""
-    return draft_stages(config, resolve_model_task(config)) or config.run_dir
+    model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)
+    return draft_stages(config, model_dir) or config.run_dir
