@@ -210,6 +210,19 @@ class TrainConfig(StrictModel):
     loader_threads: int = Field(4, gt=0, le=64, description="Threads that read and pack batches.")
     prefetch_batches: int = Field(4, gt=0, le=64, description="Batches read ahead of the step.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Newest checkpoints kept on disk.")
+    init: Literal["fresh", "previous"] = Field(
+        "fresh",
+        description="How a new training of a grown store starts. `fresh`: a new draft. `previous`: the store's "
+        "promoted draft (`<run_dir>/draft/current`), its lm_head rows matched by target token id; either way the "
+        "training runs its own schedule (warm-up, cosine) from step 0. No promoted draft yet: fresh.",
+    )
+    min_new_tokens: int = Field(
+        0,
+        ge=0,
+        description="Train again on a grown store only when at least this many new tokens were extracted since the "
+        "last finished training (0: on any growth). Fewer: train, export, evaluate and promotion are skipped and "
+        "the run says so.",
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="With nproc > 1: `ddp`: DistributedDataParallel, every process holds the whole draft, its "
@@ -258,6 +271,17 @@ class EvaluateConfig(StrictModel):
         description="SGLang --speculative-num-draft-tokens (None: draft_steps + 1, the whole chain when topk is 1).",
     )
     request_timeout_s: float = Field(600.0, gt=0, description="Live evaluation: seconds per /generate request.")
+    # promotion (eagle3/promote.py) -------------------------------------------------------------------------
+    promote: Literal["if_not_worse", "always", "never"] = Field(
+        "if_not_worse",
+        description="When `<run_dir>/draft/current` moves to the draft just evaluated. `if_not_worse`: its offline "
+        "acceptance length (and live speed-up, where both ran live on one device) is not worse than the current "
+        "draft's on the same evaluation set, and it does not slow serving (with fail_on_slowdown on). `always`, "
+        "`never`: as named.",
+    )
+    promote_tolerance: float = Field(
+        0.0, ge=0.0, le=0.5, description="`if_not_worse` allows this relative shortfall (0.02: 2% worse still moves)."
+    )
 
 
 class PipelineConfig(StrictModel):
