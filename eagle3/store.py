@@ -13,6 +13,7 @@ summaries rebuilt from them, so a killed run loses nothing it had finished.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -50,8 +51,9 @@ class Intake(Record):
     shards: list[int] = Field(description="the prepared shards this intake appended")
     known_samples: int = Field(0, description="rows read whose sample the store already held (not added again)")
     vanished_samples: int = Field(
-        0, description="samples whose recorded source row (file:row) is gone: its file changed without it, or went "
-        "missing; kept in the store, not deleted"
+        0,
+        description="samples whose recorded source row (file:row) is gone: its file changed without it, or went "
+        "missing; kept in the store, not deleted",
     )
     bad_rows: int = 0
     dataset_fingerprint: str
@@ -159,7 +161,19 @@ class RunStore:
         return self.shard_dir(shard) / "manifest.json"
 
     def sample_path(self, shard: int, sample_id: str) -> Path:
-        return self.shard_dir(shard) / f"{safe_name(sample_id)}.safetensors"
+        return self.shard_dir(shard) / self.sample_name(sample_id)
+
+    @staticmethod
+    def sample_name(sample_id: str) -> str:
+        return f"{safe_name(sample_id)}.safetensors"
+
+    def sample_file_sizes(self, shard: int) -> dict[str, int]:
+        """File name -> size of the sample files in shard's directory (one listing; no file is opened)."""
+        try:
+            with os.scandir(self.shard_dir(shard)) as it:
+                return {e.name: e.stat().st_size for e in it if e.name.endswith(".safetensors") and e.is_file()}
+        except FileNotFoundError:
+            return {}
 
     # run.json ----------------------------------------------------------------------------
     def read_run_info(self) -> RunInfo | None:
@@ -188,6 +202,10 @@ class RunStore:
             raise FileNotFoundError(f"{path}: prepared shard missing; run the prepare stage first")
         with pa.memory_map(str(path)) as src:
             return pa.ipc.open_file(src).read_all()
+
+    def prepared_ids(self, shard: int) -> list[str]:
+        """The sample ids of a prepared shard (one Arrow column)."""
+        return self.read_prepared_shard(shard).column("sample_id").to_pylist()
 
     def prepared_samples(self, shard: int) -> list[PreparedSample]:
         t = self.read_prepared_shard(shard).to_pydict()
