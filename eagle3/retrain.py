@@ -17,7 +17,7 @@ from typing import Literal
 
 from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint
-from eagle3.fsio import fsync_dir
+from eagle3.fsio import fsync_dir, read_json
 from eagle3.store import RunStore
 from eagle3.train import read_job
 from eagle3.train_launch import finished_checkpoint
@@ -41,7 +41,8 @@ def store_state(run_dir: Path) -> tuple[str, int]:
     info = store.read_run_info()
     if info is None:
         raise FileNotFoundError(f"{store.run_json} missing; run the extract stage first")
-    return info.dataset_fingerprint, sum(m.tokens for m in store.manifests())
+    paths = [store.manifest_path(i) for i in range(store.num_shards())]
+    return info.dataset_fingerprint, sum(read_json(p)["tokens"] for p in paths if p.is_file())  # plain JSON: fast
 
 
 def plan_training(run_dir: Path, cfg: TrainConfig) -> TrainPlan:
