@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config
+from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config, run_dir_placeholders
 from eagle3.progress import Progress, ProgressFn
 
 if TYPE_CHECKING:
@@ -161,6 +161,9 @@ def cmd_run(cfg: PipelineConfig) -> int:
     store = Path(cfg.run_dir).resolve()
     print(f"eagle3: stages {' -> '.join(cfg.stages)}; store {store}; Prefect {api_url}", flush=True)
     state = pipeline(cfg, return_state=True)
+    result = state.result() if run_dir_placeholders(cfg.run_dir) and state.is_completed() else None
+    if isinstance(result, str):  # a run_dir template: the flow returns the run directory it filled in
+        return report_flow_state(state, Path(result).resolve(), result)
     return report_flow_state(state, store, cfg.run_dir)
 
 

@@ -3,11 +3,14 @@ and every run records it in run.json. Unknown keys are errors (extra="forbid")."
 
 from __future__ import annotations
 
+import datetime as dt
+import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle3.sources import DataSource
 
@@ -256,6 +259,19 @@ class TrainConfig(StrictModel):
     loader_threads: int = Field(4, gt=0, le=64, description="Threads that read and pack batches.")
     prefetch_batches: int = Field(4, gt=0, le=64, description="Batches read ahead of the step.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Newest checkpoints kept on disk.")
+    init: Literal["fresh", "previous"] = Field(
+        "fresh",
+        description="How a new training of a grown store starts. `fresh`: a new draft. `previous`: the store's "
+        "promoted draft (`<run_dir>/draft/current`), its lm_head rows matched by target token id; either way the "
+        "training runs its own schedule (warm-up, cosine) from step 0. No promoted draft yet: fresh.",
+    )
+    min_new_tokens: int = Field(
+        0,
+        ge=0,
+        description="Train again on a grown store only when at least this many new tokens were extracted since the "
+        "last finished training (0: on any growth). Fewer: train, export, evaluate and promotion are skipped and "
+        "the run says so.",
+    )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp",
         description="With nproc > 1: `ddp`: DistributedDataParallel, every process holds the whole draft, its "
@@ -304,12 +320,31 @@ class EvaluateConfig(StrictModel):
         description="SGLang --speculative-num-draft-tokens (None: draft_steps + 1, the whole chain when topk is 1).",
     )
     request_timeout_s: float = Field(600.0, gt=0, description="Live evaluation: seconds per /generate request.")
+    # promotion (eagle3/promote.py) -------------------------------------------------------------------------
+    promote: Literal["if_not_worse", "always", "never"] = Field(
+        "if_not_worse",
+        description="When `<run_dir>/draft/current` moves to the draft just evaluated. `if_not_worse`: its offline "
+        "acceptance length (and live speed-up, where both ran live on one device) is not worse than the current "
+        "draft's on the same evaluation set, and it does not slow serving (with fail_on_slowdown on). `always`, "
+        "`never`: as named.",
+    )
+    promote_tolerance: float = Field(
+        0.0, ge=0.0, le=0.5, description="`if_not_worse` allows this relative shortfall (0.02: 2% worse still moves)."
+    )
 
 
 class PipelineConfig(StrictModel):
     """prepare -> [synthesize] -> extract -> convert -> train -> export -> evaluate."""
 
-    run_dir: str = Field("data/runs/demo", description="Output directory of this run (the store).")
+    run_dir: str = Field(
+        "data/runs/demo",
+        description="Output directory of this run (the store). May hold `{date}` (UTC, YYYY-MM-DD) and `{model_sha}` "
+        "(the first 12 hex digits of the target model's content hash), filled in once when the run starts: "
+        "`data/runs/{model_sha}` gives each model checkpoint its own store.",
+    )
+    run_dir_template: str | None = Field(
+        None, description="Set by the run, not by you: `run_dir` as written, before its placeholders were filled in."
+    )
     model: str = Field(
         "demo", description="Target model: a Hugging Face model directory, or `demo` for the bundled SmolLM2-135M."
     )
@@ -332,6 +367,14 @@ class PipelineConfig(StrictModel):
             raise ValueError(f"stages must be unique and in pipeline order {list(STAGES)}; got {self.stages}")
         return self
 
+    @field_validator("run_dir")
+    @classmethod
+    def _check_run_dir_placeholders(cls, run_dir: str) -> str:
+        unknown = run_dir_placeholders(run_dir) - set(RUN_DIR_PLACEHOLDERS)
+        if unknown:
+            raise ValueError(f"unknown placeholder(s) {sorted(unknown)}; use {{date}} or {{model_sha}}")
+        return run_dir
+
     @model_validator(mode="after")
     def _check_attached_dump_dirs(self) -> PipelineConfig:
         """Two attached servers writing one dump directory would clear each other's files."""
@@ -343,6 +386,26 @@ class PipelineConfig(StrictModel):
                 "EAGLE3_DUMP_DIR and give it as that entry's dump_dir"
             )
         return self
+
+
+RUN_DIR_PLACEHOLDERS = ("date", "model_sha")
+
+
+def run_dir_placeholders(run_dir: str) -> set[str]:
+    try:
+        return {name for _, name, _, _ in string.Formatter().parse(run_dir) if name is not None}
+    except ValueError as e:
+        raise ValueError(f"{e} (placeholders look like {{date}})") from None
+
+
+def resolve_run_dir(cfg: PipelineConfig, *, today: dt.date, model_sha: Callable[[], str]) -> PipelineConfig:
+    """`cfg` with run_dir's placeholders filled in (once, at run start; the template kept in run_dir_template).
+    `model_sha()` (the model's content hash) is called only when the template uses it. No placeholders: `cfg`."""
+    used = run_dir_placeholders(cfg.run_dir)
+    if not used:
+        return cfg
+    values = {"date": today.isoformat(), "model_sha": model_sha()[:12] if "model_sha" in used else ""}
+    return cfg.model_copy(update={"run_dir": cfg.run_dir.format(**values), "run_dir_template": cfg.run_dir})
 
 
 class ConfigError(ValueError):

@@ -1,6 +1,7 @@
 """Export a trained draft: the directory SGLang 0.5.23 serves, plus a speculators-style copy for vLLM.
 
-    export_draft(checkpoint, run_dir, model_dir, out_dir) -> ExportResult     (out_dir: conventionally <run_dir>/draft)
+    export_draft(checkpoint, run_dir, model_dir, out_dir) -> ExportResult
+        (out_dir: in a run, <run_dir>/draft/exports/<checkpoint>-<sha12>; eagle3/promote.py keeps the pointers)
 
     <out_dir>/config.json                    LlamaForCausalLMEagle3 config (below)
     <out_dir>/model.safetensors              bf16 weights in SGLang's key names, d2t int64, t2d bool; no embedding
@@ -88,7 +89,9 @@ class ExportResult(BaseModel):
 
 
 def default_export_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "draft"
+    """The run's newest export, `<run_dir>/draft/latest` (a symlink into draft/exports/, eagle3/promote.py); the
+    promoted one is `<run_dir>/draft/current`."""
+    return Path(run_dir) / "draft" / "latest"
 
 
 def sglang_config(cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import torch
 
 from eagle3.config import PipelineConfig
 from eagle3.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Outcome
-from eagle3.fsio import move_into, remove_stale_temps
+from eagle3.fsio import move_into, read_json, remove_stale_temps
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.sample_format import (
@@ -34,14 +34,23 @@ from eagle3.sample_format import (
     verify_sample,
     write_sample_parts,
 )
-from eagle3.store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
+from eagle3.store import (
+    DATA_MIX_KEYS,
+    PreparedSample,
+    RunInfo,
+    RunStore,
+    SampleEntry,
+    ShardManifest,
+    ShardStatus,
+)
 from eagle3.versions import library_versions
 
 #: Called by the writer with the bytes about to be written; raises (eagle3.disk.DiskBudgetError) to stop.
 WriteGuard = Callable[[int], None]
 
-#: run.json fields that must agree before a run may add samples to an existing store.
-RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "store_dtype", "aux_layers", "dataset_fingerprint")
+#: run.json fields that must agree before a run may add samples to an existing store (and data.DATA_MIX_KEYS of
+#: its config). The dataset itself may grow: each intake is listed in run.json (`intakes`).
+RESUME_KEYS = ("model_sha256", "tokenizer_sha256", "dtype", "store_dtype", "aux_layers")
 
 
 class RunMismatchError(ValueError):
@@ -51,16 +60,18 @@ class RunMismatchError(ValueError):
 # run.json --------------------------------------------------------------------------------
 def open_run(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine_info: EngineInfo) -> RunInfo:
     """The RunInfo of this store: written on first use; on resume the existing one, after checking
-    that nothing which shapes the data changed (adds newly seen library versions, changes nothing else)."""
+    that nothing which shapes the data changed. Adds newly seen library versions and the intakes of a grown
+    dataset (from prepared/manifest.json); changes nothing else."""
     new = build_run_info(cfg, store, model_dir, engine_info)
     old = store.read_run_info()
     if old is None:
         store.write_run_info(new)
         return new
     check_same_run(old, new, store)
-    added = {k: v for k, v in new.versions.items() if k not in old.versions}
-    if added:
-        old.versions.update(added)
+    before = old.model_dump()
+    old.versions.update({k: v for k, v in new.versions.items() if k not in old.versions})
+    old.intakes, old.dataset_fingerprint = new.intakes, new.dataset_fingerprint
+    if old.model_dump() != before:
         store.write_run_info(old)
     return old
 
@@ -93,6 +104,8 @@ def build_run_info(cfg: PipelineConfig, store: RunStore, model_dir: Path, engine
         dataset_fingerprint=prepared.dataset_fingerprint,
         versions=library_versions(),
         config=cfg.model_dump(mode="json"),
+        intakes=prepared.intakes,
+        run_dir_template=cfg.run_dir_template,
     )
 
 
@@ -104,24 +117,33 @@ def store_dtype_of(cfg: PipelineConfig) -> str:
 def check_same_run(old: RunInfo, new: RunInfo, store: RunStore) -> None:
     diffs = [f"{k}: store has {getattr(old, k)!r}, now {getattr(new, k)!r}" for k in RESUME_KEYS
              if getattr(old, k) != getattr(new, k)]  # fmt: skip
+    old_data, new_data = old.config.get("data", {}), new.config.get("data", {})
+    diffs += [f"data.{k}: store has {old_data[k]!r}, now {new_data.get(k)!r}" for k in DATA_MIX_KEYS
+              if k in old_data and old_data[k] != new_data.get(k)]  # fmt: skip
+    if not new.intakes and old.dataset_fingerprint != new.dataset_fingerprint:  # rewritten (synthesize), not grown
+        diffs.append(f"dataset_fingerprint: store has {old.dataset_fingerprint!r}, now {new.dataset_fingerprint!r}")
     if diffs:
         raise RunMismatchError(
             f"{store.run_json} was written for different data:\n  " + "\n  ".join(diffs) + "\n"
-            "Samples from both would be mixed. Use a new run_dir, or delete "
-            f"{store.root / 'shards'} and {store.run_json} to start this store over."
+            "Samples from both would be mixed. Choose a new run_dir (it may contain {date} or {model_sha}), or "
+            f"delete {store.root / 'shards'} and {store.run_json} to start this store over."
         )
 
 
 # one shard -------------------------------------------------------------------------------
 def shard_is_complete(store: RunStore, shard: int, info: RunInfo) -> bool:
-    """True when the manifest says complete and every prepared sample has a sound file (header check)."""
-    m = store.read_manifest(shard)
-    if m is None or m.status != "complete":
+    """True when the manifest says complete, lists exactly the prepared samples, and every sample file is there
+    with the size the manifest recorded. Reads the manifest, the prepared ids and one directory listing, opens
+    no sample file: skipping the old shards of a big store costs no reads of its data (eagle3 verify checks the
+    contents; extract_shard checks each file's header before it adopts it). `info`: the run (kept for callers)."""
+    path = store.manifest_path(shard)
+    if not path.is_file():
         return False
-    samples = store.prepared_samples(shard)
-    if set(m.samples) != {s.sample_id for s in samples}:
+    m = read_json(path)  # the raw ShardManifest: validating 2000 entries would cost more than the whole check
+    if m.get("status") != "complete" or set(m["samples"]) != set(store.prepared_ids(shard)):
         return False
-    return all(store.existing_ok(shard, s, info) is not None for s in samples)
+    sizes = store.sample_file_sizes(shard)
+    return all(sizes.get(store.sample_name(sid)) == e["num_bytes"] for sid, e in m["samples"].items())
 
 
 def extract_shard(

@@ -1,6 +1,11 @@
-"""prepare: conversations (JSONL, Parquet, save_to_disk dir) -> token ids + loss mask -> prepared shards.
+"""prepare: conversations (JSONL, Parquet, save_to_disk dir; a file, a folder or a glob of them; a Hugging Face
+Hub dataset; a list of such sources) -> token ids + loss mask -> prepared shards.
 
     rows ─► normalize (ShareGPT / OpenAI) ─► chat template + loss mask ─► dedup by sample id ─► shards
+
+A store grows: when the dataset's folder received new files, `prepare` is an intake (`take_in`) that reads only
+the files it has not seen (by sha256), appends shards for samples whose id the store does not hold, and records
+the intake in prepared/manifest.json. Nothing already prepared is rewritten.
 
 A row that cannot become a sample is a BadRow (file, row, reason): skipped and recorded in the
 manifest with data.on_bad_row=skip, a PrepareError with `fail`. Rows are numbered from 0 (for JSON
@@ -13,7 +18,7 @@ import hashlib
 import itertools
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +28,12 @@ from eagle3.chat import ChatTokenizer, RowError, RowFormat, normalize_row, sampl
 from eagle3.config import DataConfig, PipelineConfig
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.sources import DataSource, SourceError, data_sources, hub_fingerprint, hub_name, is_hub, load_hub
-from eagle3.store import PREPARED_SCHEMA, BadRow, PreparedManifest, RunStore
+from eagle3.source_files import SourceError, SourceFile, file_sha256, is_saved_dataset, list_source_files
+from eagle3.sources import DataSource, data_sources, hub_fingerprint, hub_name, is_hub, load_hub
+from eagle3.sources import SourceError as HubSourceError
+from eagle3.store import DATA_MIX_KEYS, PREPARED_SCHEMA, BadRow, Intake, PreparedManifest, RunStore
 
-_SUFFIXES = (".jsonl", ".json", ".parquet")
+SYNTH = "synthesized:"  # PreparedManifest.dataset of a synthesized prepared/ (eagle3.synthesize)
 
 
 class PrepareError(RuntimeError):
@@ -45,43 +52,49 @@ class RawRow:
 
 
 # reading -----------------------------------------------------------------------------------------
-def _check_path(path: Path) -> None:
-    if not path.exists():
-        raise PrepareError(f"data.dataset: {path} does not exist (a .jsonl/.json/.parquet file or a save_to_disk dir)")
-    if path.is_file() and path.suffix not in _SUFFIXES:
-        raise PrepareError(f"data.dataset: {path} has unsupported type {path.suffix!r}; expected {_SUFFIXES} or a dir")
-    if path.is_dir() and not any(path.glob("*.json")):
-        raise PrepareError(f"data.dataset: {path} is a directory but not one written by datasets' save_to_disk")
+def _one_local_source(data: DataConfig) -> DataSource | None:
+    """The source when `data` names one local file, folder or glob (taken in file by file), else None."""
+    sources = data_sources(data)
+    return sources[0] if len(sources) == 1 and not is_hub(sources[0]) else None
 
 
-def dataset_files(path: Path) -> list[Path]:
-    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+def _unit_name(i: int, source: DataSource) -> str:
+    return f"sources[{i}]:{hub_name(source) if is_hub(source) else source.dataset}"
 
 
-def dataset_fingerprint(data: DataConfig) -> str:
-    """sha256 over the data config and each source: a local one's files (names and bytes), a Hub one's own
-    fingerprint (eagle3/sources.py)."""
+def _source_unit(i: int, source: DataSource) -> SourceFile:
+    """A Hub source, or one entry of several `data.sources`, as one unit: read whole when its fingerprint changes
+    (content ids keep the samples the store holds from being added twice)."""
+    if is_hub(source):
+        return SourceFile(_unit_name(i, source), Path(source.dataset), 0, hub_fingerprint(source))
+    h = hashlib.sha256(source.model_dump_json().encode())
+    files = list_source_files(source.dataset)
+    for f in files:
+        h.update(f"\0{f.name}\0{f.size}\0{f.sha256}".encode())
+    return SourceFile(_unit_name(i, source), Path(source.dataset), sum(f.size for f in files), h.hexdigest())
+
+
+def source_files(data: DataConfig) -> list[SourceFile]:
+    """What the dataset consists of now, each fingerprinted: the files of one local file, folder or glob
+    (eagle3.source_files), or one unit per source of a Hub dataset or a list (eagle3.sources)."""
+    try:
+        if _one_local_source(data) is not None:
+            return list_source_files(data.dataset)
+        return [_source_unit(i, s) for i, s in enumerate(data_sources(data))]
+    except (SourceError, HubSourceError) as e:
+        raise PrepareError(str(e)) from None
+
+
+def dataset_fingerprint(data: DataConfig, files: list[SourceFile] | None = None) -> str:
+    """sha256 over the data config, the chat template file's text and the dataset files' names, sizes and
+    fingerprints."""
+    files = source_files(data) if files is None else files
     h = hashlib.sha256(json.dumps(data.model_dump(mode="json"), sort_keys=True).encode())
     if data.chat_template is not None and Path(data.chat_template).is_file():  # its text, not only its name
-        h.update(b"\0chat_template\0" + Path(data.chat_template).read_bytes())
-    for source in data_sources(data):
-        if is_hub(source):
-            try:
-                h.update(hub_fingerprint(source).encode())
-            except SourceError as e:
-                raise PrepareError(str(e)) from None
-        else:
-            _hash_files(h, Path(source.dataset))
+        h.update(b"\0chat_template\0" + file_sha256(Path(data.chat_template)).encode())
+    for f in files:
+        h.update(f"\0{f.name}\0{f.size}\0{f.sha256}".encode())
     return h.hexdigest()
-
-
-def _hash_files(h: Any, path: Path) -> None:
-    _check_path(path)
-    for f in dataset_files(path):
-        h.update(f"\0{f.relative_to(path) if path.is_dir() else f.name}\0{f.stat().st_size}\0".encode())
-        with open(f, "rb") as fh:
-            while chunk := fh.read(8 << 20):
-                h.update(chunk)
 
 
 def _is_json_lines(path: Path) -> bool:
@@ -116,59 +129,78 @@ def _count_lines(path: Path) -> int:
         return sum(1 for line in f if line.strip())
 
 
-def read_rows(data: DataConfig) -> tuple[int, Iterator[RawRow]]:
-    """(number of rows, or 0 when unknown; the rows in input order): every source of `data`, in order."""
-    sources = data_sources(data)
-    if len(sources) == 1 and not is_hub(sources[0]):
-        return _read_local(data)
-    parts = [_read_source(data, s) for s in sources]
+def _read_file(path: Path, name: str) -> tuple[int, Iterator[RawRow]]:
+    if path.suffix in (".jsonl", ".json") and _is_json_lines(path):
+        return _count_lines(path), read_json_lines(path, name)
+    import datasets  # only for what JSON Lines is not: Parquet, JSON arrays
+
+    builder = "parquet" if path.suffix == ".parquet" else "json"
+    ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+    total = 0
+    if builder == "parquet":
+        import pyarrow.parquet as pq
+
+        total = pq.ParquetFile(path).metadata.num_rows
+    return total, (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
+
+
+def _read_saved(path: Path, split: str) -> tuple[int, Iterator[RawRow]]:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise PrepareError(f"{path}: no split {split!r} (splits: {sorted(loaded)}); set data.split")
+        loaded = loaded[split]
+    ds: Any = loaded
+    return len(ds), (RawRow(str(path), i, dict(row)) for i, row in enumerate(ds))
+
+
+def _chain(parts: list[tuple[int, Iterator[RawRow]]]) -> tuple[int, Iterator[RawRow]]:
     total = 0 if any(n == 0 for n, _ in parts) else sum(n for n, _ in parts)
     return total, itertools.chain.from_iterable(rows for _, rows in parts)
 
 
-def _read_source(data: DataConfig, source: DataSource) -> tuple[int, Iterator[RawRow]]:
+def _read_local(source: DataSource, files: list[SourceFile] | None) -> tuple[int, Iterator[RawRow]]:
+    """`files` of a local file, folder or glob (default: all of them); a save_to_disk directory is read whole."""
+    path = Path(source.dataset)
+    try:
+        listed = list_source_files(source.dataset) if files is None or is_saved_dataset(path) else files
+    except SourceError as e:
+        raise PrepareError(str(e)) from None
+    if is_saved_dataset(path):
+        return _read_saved(path, source.split)
+    return _chain([_read_file(f.path, f.name) for f in listed])
+
+
+def _read_source(source: DataSource) -> tuple[int, Iterator[RawRow]]:
+    """All rows of one source (a Hub dataset or a local one), cut at its max_samples."""
     rows: Iterator[RawRow]
     if is_hub(source):
         try:
             ds = load_hub(source)
-        except SourceError as e:
+        except HubSourceError as e:
             raise PrepareError(str(e)) from None
         name = hub_name(source)
         total, rows = len(ds), (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
     else:
-        total, rows = _read_local(data.model_copy(update={"dataset": source.dataset, "split": source.split}))
+        total, rows = _read_local(source, None)
     if source.max_samples is not None:
         rows = itertools.islice(rows, source.max_samples)
         total = min(total, source.max_samples) if total else 0
     return total, rows
 
 
-def _read_local(data: DataConfig) -> tuple[int, Iterator[RawRow]]:
-    """A local file or save_to_disk directory (`data.dataset`); no network."""
-    path = Path(data.dataset)
-    _check_path(path)
-    name = str(data.dataset)
-    if path.suffix in (".jsonl", ".json") and _is_json_lines(path):
-        return _count_lines(path), read_json_lines(path, name)
-    import datasets  # only for what JSON Lines is not: Parquet, JSON arrays, saved datasets
-
-    if path.is_dir():
-        loaded = datasets.load_from_disk(str(path))
-        if isinstance(loaded, datasets.DatasetDict):
-            if data.split not in loaded:
-                raise PrepareError(f"{path}: no split {data.split!r} (splits: {sorted(loaded)}); set data.split")
-            loaded = loaded[data.split]
-        ds: Any = loaded
-        total = len(ds)
-    else:
-        builder = "parquet" if path.suffix == ".parquet" else "json"
-        ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
-        total = 0
-        if builder == "parquet":
-            import pyarrow.parquet as pq
-
-            total = pq.ParquetFile(path).metadata.num_rows
-    return total, (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
+def read_rows(data: DataConfig, files: list[SourceFile] | None = None) -> tuple[int, Iterator[RawRow]]:
+    """(number of rows, or 0 when unknown; the rows in input order) of `files` (default: all of the dataset's,
+    as source_files lists them). One local source is read file by file; Hub sources and the entries of a list
+    whole."""
+    one = _one_local_source(data)
+    if one is not None:
+        return _read_local(one, files)
+    names = None if files is None else {f.name for f in files}
+    sources = data_sources(data)
+    return _chain([_read_source(s) for i, s in enumerate(sources) if names is None or _unit_name(i, s) in names])
 
 
 # writing -----------------------------------------------------------------------------------------
@@ -184,8 +216,10 @@ def is_current(m: PreparedManifest | None, store: RunStore, fingerprint: str, to
 
 
 class _ShardWriter:
-    def __init__(self, store: RunStore, shard_size: int):
-        self.store, self.shard_size = store, shard_size
+    """Prepared shards from index `first` on (an intake appends after the store's last shard)."""
+
+    def __init__(self, store: RunStore, shard_size: int, first: int = 0):
+        self.store, self.shard_size, self.first = store, shard_size, first
         self.rows: list[dict[str, Any]] = []
         self.shards: list[int] = []
         self.shard_tokens: list[int] = []
@@ -199,7 +233,7 @@ class _ShardWriter:
         if not self.rows:
             return
         table = pa.Table.from_pylist(self.rows, schema=PREPARED_SCHEMA)
-        self.store.write_prepared_shard(len(self.shards), table)
+        self.store.write_prepared_shard(self.first + len(self.shards), table)
         self.shards.append(len(self.rows))
         self.shard_tokens.append(sum(r["num_tokens"] for r in self.rows))
         self.rows = []
@@ -207,33 +241,34 @@ class _ShardWriter:
     def remove_stale(self) -> None:
         for p in self.store.prepared_dir.glob("shard-*.arrow"):
             idx = p.stem.removeprefix("shard-")
-            if not idx.isdigit() or int(idx) >= len(self.shards):
+            if not idx.isdigit() or int(idx) >= self.first + len(self.shards):
                 p.unlink()
 
 
-def write_prepared(
+@dataclass
+class _Tally:
+    """What one pass over rows wrote: new samples, and what it skipped."""
+
+    bad: list[BadRow] = field(default_factory=list)
+    duplicates: int = 0
+    loss_tokens: int = 0
+    known: set[str] = field(default_factory=set)  # rows whose sample the store already holds
+
+
+def _tokenize_rows(
     rows: Iterable[RawRow],
     chat: ChatTokenizer,
     data: DataConfig,
-    store: RunStore,
+    writer: _ShardWriter,
+    counter: ProgressCounter,
     *,
-    dataset: str,
-    fingerprint: str,
-    tokenizer_sha256: str,
-    total: int,
-    report: ProgressFn = no_progress,
-    stage: str = "prepare",
-    fmt: RowFormat | None = None,
-) -> PreparedManifest:
-    """Tokenize rows into prepared shards and write the manifest (the one tokenization path)."""
-    manifest_path = store.prepared_dir / "manifest.json"
-    manifest_path.unlink(missing_ok=True)  # no manifest while shards are rewritten: a crash is not "done"
-    limit = data.max_samples
-    counter = ProgressCounter(stage, min(total, limit) if total and limit else (total or limit or 0), report)
-    writer = _ShardWriter(store, data.shard_size)
+    known: set[str],
+    limit: int | None,
+    fmt: RowFormat | None,
+) -> _Tally:
+    """Tokenize rows into `writer`; a sample id in `known` (already in the store) or seen before is skipped."""
     seen: set[str] = set()
-    bad: list[BadRow] = []
-    duplicates = num_loss = 0
+    tally = _Tally()
     for raw in rows:
         if limit is not None and len(seen) >= limit:
             break
@@ -250,16 +285,20 @@ def write_prepared(
                     f"{raw.file}: row {raw.row}: {e}. Fix or drop the row, or set data.on_bad_row=skip "
                     "to skip bad rows and list them in prepared/manifest.json"
                 ) from None
-            bad.append(BadRow(file=raw.file, row=raw.row, reason=str(e)))
+            tally.bad.append(BadRow(file=raw.file, row=raw.row, reason=str(e)))
             counter.add(1, failed=1)
             continue
         sid = sample_id(messages)
+        if sid in known:
+            tally.known.add(sid)
+            counter.add(1, skipped=1)
+            continue
         if sid in seen:
-            duplicates += 1
+            tally.duplicates += 1
             counter.add(1, skipped=1)
             continue
         seen.add(sid)
-        num_loss += tok.num_loss_tokens
+        tally.loss_tokens += tok.num_loss_tokens
         writer.add(
             {
                 "sample_id": sid,
@@ -272,37 +311,186 @@ def write_prepared(
         )
         counter.add(1, tokens=len(tok.input_ids))
     writer.flush()
+    return tally
+
+
+def _progress(stage: str, total: int, limit: int | None, report: ProgressFn) -> ProgressCounter:
+    return ProgressCounter(stage, min(total, limit) if total and limit else (total or limit or 0), report)
+
+
+def write_prepared(
+    rows: Iterable[RawRow],
+    chat: ChatTokenizer,
+    data: DataConfig,
+    store: RunStore,
+    *,
+    dataset: str,
+    fingerprint: str,
+    tokenizer_sha256: str,
+    total: int,
+    report: ProgressFn = no_progress,
+    stage: str = "prepare",
+    fmt: RowFormat | None = None,
+    files: list[SourceFile] | None = None,
+) -> PreparedManifest:
+    """Tokenize rows into prepared shards from shard 0 and write the manifest (the one tokenization path).
+    `files`: the source files read (recorded as the first intake, so later intakes take in only new ones)."""
+    manifest_path = store.prepared_dir / "manifest.json"
+    manifest_path.unlink(missing_ok=True)  # no manifest while shards are rewritten: a crash is not "done"
+    counter = _progress(stage, total, data.max_samples, report)
+    writer = _ShardWriter(store, data.shard_size)
+    tally = _tokenize_rows(rows, chat, data, writer, counter, known=set(), limit=data.max_samples, fmt=fmt)
     writer.remove_stale()
+    intakes = []
+    if files is not None:
+        intakes.append(_intake_record(files, [], writer, tally, fingerprint, vanished=0))
     manifest = PreparedManifest(
         dataset=dataset,
         dataset_fingerprint=fingerprint,
         tokenizer_sha256=tokenizer_sha256,
         num_samples=sum(writer.shards),
         num_tokens=sum(writer.shard_tokens),
-        num_loss_tokens=num_loss,
+        num_loss_tokens=tally.loss_tokens,
         shards=writer.shards,
         shard_tokens=writer.shard_tokens,
-        bad_rows=bad,
-        duplicates=duplicates,
+        bad_rows=tally.bad,
+        duplicates=tally.duplicates,
         config=data.model_dump(mode="json"),
+        files={f.name: f.sha256 for f in files or []},
+        intakes=intakes,
     )
     store.write_prepared_manifest(manifest)
     counter.finish()
     return manifest
 
 
+def _intake_record(
+    files: list[SourceFile], missing: list[str], writer: _ShardWriter, tally: _Tally, fingerprint: str, vanished: int
+) -> Intake:
+    return Intake(
+        files={f.name: f.sha256 for f in files},
+        missing_files=missing,
+        new_samples=sum(writer.shards),
+        new_tokens=sum(writer.shard_tokens),
+        shards=[writer.first + i for i in range(len(writer.shards))],
+        known_samples=len(tally.known),
+        vanished_samples=vanished,
+        bad_rows=len(tally.bad),
+        dataset_fingerprint=fingerprint,
+    )
+
+
+# growing -----------------------------------------------------------------------------------------
+def mixing_differences(old: PreparedManifest, tok_sha: str, data: DataConfig) -> list[str]:
+    """What differs between the store's prepared data and these inputs that would mix two kinds of samples."""
+    diffs = []
+    if old.tokenizer_sha256 != tok_sha:
+        diffs.append(f"tokenizer_sha256 (tokenizer or chat template): store has {old.tokenizer_sha256[:12]}, "
+                     f"now {tok_sha[:12]}")  # fmt: skip
+    now = data.model_dump(mode="json")
+    for k in DATA_MIX_KEYS:
+        if old.config.get(k) != now[k]:
+            diffs.append(f"data.{k}: store has {old.config.get(k)!r}, now {now[k]!r}")
+    return diffs
+
+
+def _can_grow(old: PreparedManifest, store: RunStore, tok_sha: str, data: DataConfig) -> bool:
+    """Whether an intake may append to `old`. Once the store has run.json (samples were extracted) the answer
+    is yes or a refusal: its prepared shards are never rewritten."""
+    extracted = store.read_run_info() is not None
+    missing = [p for p in map(store.prepared_shard_path, range(len(old.shards))) if not p.is_file()]
+    diffs = mixing_differences(old, tok_sha, data)
+    if not extracted:  # nothing extracted yet: any change may simply prepare again from scratch
+        return not (missing or diffs or old.config != data.model_dump(mode="json") or old.dataset.startswith(SYNTH))
+    if old.dataset.startswith(SYNTH):
+        return False  # synthesize owns prepared/ (it prepares the source again and regenerates)
+    if missing:
+        raise PrepareError(
+            f"{missing[0]}: prepared shard missing in a store that has extracted samples ({store.run_json}); "
+            "restore it, or choose a new run_dir"
+        )
+    if diffs:
+        raise PrepareError(
+            f"{store.root} holds samples prepared differently:\n  " + "\n  ".join(diffs) + "\n"
+            "New samples would be mixed with these. Choose a new run_dir for the new settings (run_dir may "
+            "contain {date} or {model_sha}: docs/formats.md)."
+        )
+    return True
+
+
+def _store_sources(store: RunStore, old: PreparedManifest) -> tuple[set[str], dict[str, list[str]]]:
+    """Sample ids in the store, and per source file the ids of its rows (Arrow columns only)."""
+    ids: set[str] = set()
+    by_file: dict[str, list[str]] = {}
+    for i in range(len(old.shards)):
+        t = store.read_prepared_shard(i).select(["sample_id", "source"]).to_pydict()
+        ids.update(t["sample_id"])
+        for sid, src in zip(t["sample_id"], t["source"], strict=True):
+            by_file.setdefault(src.rsplit(":", 1)[0], []).append(sid)
+    return ids, by_file
+
+
+def take_in(
+    cfg: PipelineConfig,
+    store: RunStore,
+    old: PreparedManifest,
+    files: list[SourceFile],
+    chat: ChatTokenizer,
+    *,
+    fingerprint: str,
+    report: ProgressFn = no_progress,
+) -> PreparedManifest:
+    """An intake: tokenize the files not taken in before (new, or changed since), append the samples the store
+    does not hold yet as new prepared shards, and record the intake. Existing shards are never rewritten; a
+    source row that disappeared is counted (`vanished_samples`), its sample kept."""
+    new = [f for f in files if old.files.get(f.name) != f.sha256]
+    missing = sorted(set(old.files) - {f.name for f in files})
+    if is_saved_dataset(Path(cfg.data.dataset)) and new:
+        new = files  # read whole
+    ids, by_file = _store_sources(store, old) if new or missing else (set(), {})
+    limit = None if cfg.data.max_samples is None else max(0, cfg.data.max_samples - old.num_samples)
+    total, rows = read_rows(cfg.data, new) if new else (0, iter(()))
+    counter = _progress("prepare", total, limit, report)
+    writer = _ShardWriter(store, cfg.data.shard_size, first=len(old.shards))
+    tally = _tokenize_rows(rows, chat, cfg.data, writer, counter, known=ids, limit=limit, fmt=None)
+    reread = {f.name for f in new if f.name in old.files} | set(missing)
+    vanished = sum(1 for name in reread for sid in by_file.get(name, []) if sid not in tally.known)
+    m = old.model_copy(deep=True)
+    m.dataset, m.dataset_fingerprint, m.config = cfg.data.dataset, fingerprint, cfg.data.model_dump(mode="json")
+    m.num_samples += sum(writer.shards)
+    m.num_tokens += sum(writer.shard_tokens)
+    m.num_loss_tokens += tally.loss_tokens
+    m.shards += writer.shards
+    m.shard_tokens += writer.shard_tokens
+    m.bad_rows += tally.bad
+    m.duplicates += tally.duplicates
+    m.files = {**{k: v for k, v in old.files.items() if k not in missing}, **{f.name: f.sha256 for f in new}}
+    if new or missing:
+        m.intakes.append(_intake_record(new, missing, writer, tally, fingerprint, vanished))
+    store.write_prepared_manifest(m)  # last: a kill before it leaves the old manifest, and new shards unlisted
+    counter.finish()
+    return m
+
+
 def prepare(
     cfg: PipelineConfig, store: RunStore, model_dir: Path, report: ProgressFn = no_progress
 ) -> PreparedManifest:
-    """Prepare cfg.data into store/prepared; returns the existing manifest when inputs are unchanged."""
-    fingerprint = dataset_fingerprint(cfg.data)
+    """Prepare cfg.data into store/prepared; returns the existing manifest when inputs are unchanged.
+
+    A store that already holds prepared samples grows: an intake takes in only new source files (and files that
+    changed) and appends new samples (eagle3.prepare.take_in). A tokenizer or max_length change is refused once
+    samples were extracted; before that, any change prepares again from scratch."""
+    files = source_files(cfg.data)
+    fingerprint = dataset_fingerprint(cfg.data, files)
     tok_sha = tokenizer_fingerprint(model_dir)
     existing = store.read_prepared_manifest()
     if is_current(existing, store, fingerprint, tok_sha, cfg.data):
         assert existing is not None
         return existing
     chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
-    total, rows = read_rows(cfg.data)
+    if existing is not None and _can_grow(existing, store, tok_sha, cfg.data):
+        return take_in(cfg, store, existing, files, chat, fingerprint=fingerprint, report=report)
+    total, rows = read_rows(cfg.data, files)
     return write_prepared(
         rows,
         chat,
@@ -313,4 +501,5 @@ def prepare(
         tokenizer_sha256=tok_sha,
         total=total,
         report=report,
+        files=files,
     )

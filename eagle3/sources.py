@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eagle3.source_files import is_saved_dataset
+
 
 class DataSource(BaseModel):
     """One input dataset of `data.sources` (or the one `data.dataset` describes)."""
@@ -39,8 +41,19 @@ class SourceError(RuntimeError):
     """A source that cannot be read; the message names it and the fix."""
 
 
-def is_save_to_disk(path: Path) -> bool:
-    return path.is_dir() and (any(path.glob("state.json")) or any(path.glob("dataset_dict.json")))
+_SPLITS = ("train", "test", "validation", "valid", "dev")
+
+
+def is_dataset_repository(path: Path) -> bool:
+    """A directory laid out as a Hub dataset repository: a dataset card (README.md), or data files named by split
+    under data/ (data/train.jsonl, data/train-00000-of-00001.parquet). Any other folder of files is a growing
+    dataset (eagle3/source_files.py), taken in file by file."""
+    if not path.is_dir() or is_saved_dataset(path):
+        return False
+    data = path / "data"
+    return (path / "README.md").is_file() or (
+        data.is_dir() and any(f.is_file() and f.name.startswith(_SPLITS) for f in data.rglob("*"))
+    )
 
 
 def is_hub(source: DataSource) -> bool:
@@ -48,7 +61,7 @@ def is_hub(source: DataSource) -> bool:
     looks like a Hub id (`name` or `org/name`: relative, no file suffix); a missing `x.jsonl` stays a local path."""
     path = Path(source.dataset)
     if path.exists():
-        return path.is_dir() and not is_save_to_disk(path)
+        return is_dataset_repository(path)
     return not path.is_absolute() and path.suffix == "" and len(path.parts) <= 2 and not source.dataset.startswith(".")
 
 

@@ -13,6 +13,7 @@ summaries rebuilt from them, so a killed run loses nothing it had finished.
 from __future__ import annotations
 
 import datetime as dt
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -33,6 +34,8 @@ from eagle3.sample_format import (
 )
 
 ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
+#: data settings that change what a sample is: a store never mixes samples made under two of them.
+DATA_MIX_KEYS = ("max_length", "truncate")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STORE_DTYPES = {**DTYPES, FP8_NAME: FP8}  # what run.json's store_dtype may say
 
@@ -43,6 +46,26 @@ def now() -> str:
 
 class Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class Intake(Record):
+    """One intake of source data into the store: what it read and what it added (prepared/manifest.json and
+    run.json list them in order; the first is the store's first prepare)."""
+
+    at: str = Field(default_factory=now)
+    files: dict[str, str] = Field(description="source files read in this intake (new or changed) -> sha256")
+    missing_files: list[str] = Field(default_factory=list, description="files taken in before and gone now")
+    new_samples: int
+    new_tokens: int
+    shards: list[int] = Field(description="the prepared shards this intake appended")
+    known_samples: int = Field(0, description="rows read whose sample the store already held (not added again)")
+    vanished_samples: int = Field(
+        0,
+        description="samples whose recorded source row (file:row) is gone: its file changed without it, or went "
+        "missing; kept in the store, not deleted",
+    )
+    bad_rows: int = 0
+    dataset_fingerprint: str
 
 
 class RunInfo(Record):
@@ -66,10 +89,12 @@ class RunInfo(Record):
     aux_layers: list[int] = Field(description="HF hidden_states indices")
     engine_layer_ids: list[int] = Field(description="the same layers in the engine's own convention")
     engine_layer_convention: str
-    dataset_fingerprint: str
+    dataset_fingerprint: str = Field(description="of the dataset as of the latest intake")
     versions: dict[str, str]
     config: dict
     created_at: str = Field(default_factory=now)
+    intakes: list[Intake] = Field(default_factory=list, description="copied from prepared/manifest.json")
+    run_dir_template: str | None = Field(default=None, description="`run_dir` as configured, before {date}/{model_sha}")
 
     @model_validator(mode="after")
     def _store_dtype(self) -> RunInfo:
@@ -121,6 +146,8 @@ class PreparedManifest(Record):
     duplicates: int = 0
     config: dict
     created_at: str = Field(default_factory=now)
+    files: dict[str, str] = Field(default_factory=dict, description="source files taken in so far -> sha256")
+    intakes: list[Intake] = Field(default_factory=list)
 
 
 PREPARED_SCHEMA = pa.schema(
@@ -160,7 +187,19 @@ class RunStore:
         return self.shard_dir(shard) / "manifest.json"
 
     def sample_path(self, shard: int, sample_id: str) -> Path:
-        return self.shard_dir(shard) / f"{safe_name(sample_id)}.safetensors"
+        return self.shard_dir(shard) / self.sample_name(sample_id)
+
+    @staticmethod
+    def sample_name(sample_id: str) -> str:
+        return f"{safe_name(sample_id)}.safetensors"
+
+    def sample_file_sizes(self, shard: int) -> dict[str, int]:
+        """File name -> size of the sample files in shard's directory (one listing; no file is opened)."""
+        try:
+            with os.scandir(self.shard_dir(shard)) as it:
+                return {e.name: e.stat().st_size for e in it if e.name.endswith(".safetensors") and e.is_file()}
+        except FileNotFoundError:
+            return {}
 
     # run.json ----------------------------------------------------------------------------
     def read_run_info(self) -> RunInfo | None:
@@ -189,6 +228,10 @@ class RunStore:
             raise FileNotFoundError(f"{path}: prepared shard missing; run the prepare stage first")
         with pa.memory_map(str(path)) as src:
             return pa.ipc.open_file(src).read_all()
+
+    def prepared_ids(self, shard: int) -> list[str]:
+        """The sample ids of a prepared shard (one Arrow column)."""
+        return self.read_prepared_shard(shard).column("sample_id").to_pylist()
 
     def prepared_samples(self, shard: int) -> list[PreparedSample]:
         t = self.read_prepared_shard(shard).to_pydict()

@@ -35,6 +35,7 @@ from eagle3.draft.checkpoint import gather_tensors, latest_checkpoint, load_chec
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map
 from eagle3.draft.loss import target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
+from eagle3.draft.warm_start import WarmStart, warm_start
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.progress import Progress, ProgressFn, no_progress
 from eagle3.store import RunInfo
@@ -49,6 +50,9 @@ class TrainJob(BaseModel):
     model_dir: str  # the target model (config.json + safetensors): embedding, lm_head, RoPE
     out_dir: str  # metrics, TensorBoard, checkpoints
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    init_from: str | None = None  # an export directory to warm-start from (train.init=previous)
+    data_key: str | None = None  # run.json's dataset_fingerprint when this training started (eagle3/retrain.py)
+    data_tokens: int | None = None  # tokens extracted in the store when this training started
 
 
 def write_job(path: Path, job: TrainJob) -> None:
@@ -108,7 +112,7 @@ def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, tor
 #: (lr, batch, TTT, vocab, seed, ...) would silently mix two trainings in one draft.
 RESUMABLE_CHANGES = frozenset(
     {"nproc", "epochs", "max_steps", "checkpoint_every", "log_every", "keep_checkpoints", "loader_threads",
-     "prefetch_batches", "compile", "attention", "target_chunk_tokens", "parallel"}
+     "prefetch_batches", "compile", "attention", "target_chunk_tokens", "parallel", "init", "min_new_tokens"}
 )  # fmt: skip
 
 
@@ -220,6 +224,9 @@ class Trainer:
         torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
         self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
         self.model.set_vocab_map(d2t.to(device), t2d.to(device))
+        self.warm: WarmStart | None = None
+        if job.init_from is not None and latest_checkpoint(self.ckpt_dir) is None:  # a resume has its own weights
+            self.warm = warm_start(self.model, Path(job.init_from))
         self.lm_head = target["lm_head"].to(device, dtype)  # [V, H], frozen, outside the draft
         if self.cfg.compile:
             self.model.compile_blocks()

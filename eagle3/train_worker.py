@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=30))
     try:
         with Trainer.build(job, rank=rank, world=world, local_rank=local_rank) as trainer:
+            if rank == 0 and trainer.warm is not None:
+                w = trainer.warm
+                print(f"warm start from {w.export_dir}: {w.copied} tensors, lm_head rows of {w.lm_head_rows} of "
+                      f"{w.draft_vocab} draft ids", flush=True)  # fmt: skip
             result = trainer.run(progress=_print_progress if rank == 0 else lambda _: None)
         del trainer
         gc.collect()  # the draft (FSDP2 state, DTensors, hooks in cycles) is gone before its process group

@@ -13,7 +13,7 @@ from tasks.extract_hold import run_lock
 from tasks.extract_plan import ExtractSummary
 from tasks.extract_report import extract_outcome, outcomes, report_extract_task
 from tasks.extract_servers import engine_session
-from tasks.model import resolve_model_task
+from tasks.model import resolve_model_task, run_dir_task
 
 
 @flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
@@ -27,6 +27,7 @@ def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     are Skipped without loading the model. A disk budget that does not fit fails the run before it writes.
     """
     model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)
     shared = config.extract.share_run_dir
     with run_lock(config.run_dir, "extract", shared=shared, ttl_s=config.extract.lease_ttl_s) as hold, engine_session():
         plan = open_run_task(config, model_dir)

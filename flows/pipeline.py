@@ -10,7 +10,7 @@ from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
 from tasks.extract_servers import engine_session
-from tasks.model import resolve_model_task
+from tasks.model import resolve_model_task, run_dir_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
 
@@ -24,6 +24,7 @@ def pipeline(config: PipelineConfig) -> str | State:
     live evaluation finds the draft slower than the plain target.
     """
     model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once
     with engine_session():  # one launch of each SGLang server for synthesize and extract; stopped after both
         if "prepare" in config.stages:
             prepare_task(config, model_dir)

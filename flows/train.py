@@ -13,17 +13,23 @@ from eagle3.config import PipelineConfig
 from tasks.artifacts import run_summary_task
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
-from tasks.model import resolve_model_task
+from tasks.model import resolve_model_task, run_dir_task
+from tasks.promote import promote_task
 from tasks.train import train_task
 
 
 def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
-    """The train, export and evaluate stages listed in `config.stages`; Failed when the draft slows serving."""
-    if "train" in config.stages:
-        train_task(config, model_dir)
+    """The train, export and evaluate stages listed in `config.stages`, then promotion of the evaluated draft to
+    `draft/current` when it is not worse; Failed when the draft slows serving."""
+    trained = train_task(config, model_dir) if "train" in config.stages else None
+    if trained is not None and trained.waiting:  # the store grew by fewer than train.min_new_tokens
+        run_summary_task(config)
+        return None
     if "export" in config.stages:
         export_task(config, model_dir)
     evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
+    if evaluation is not None:
+        promote_task(config, model_dir, evaluation)
     run_summary_task(config)
     return evaluation_outcome(config, evaluation)
 
@@ -33,4 +39,6 @@ def train_flow(config: PipelineConfig) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
     live evaluation finds the draft slower than the plain target."""
-    return draft_stages(config, resolve_model_task(config)) or config.run_dir
+    model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)
+    return draft_stages(config, model_dir) or config.run_dir

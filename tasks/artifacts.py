@@ -221,7 +221,7 @@ STAGE_ARTIFACTS = {
     "convert": ["convert-progress"],
     "train": ["train-progress", "train-metrics", "train-curves"],
     "export": ["export"],
-    "evaluate": ["evaluate-progress", "evaluation"],
+    "evaluate": ["evaluate-progress", "evaluation", "promotion"],
 }
 
 
@@ -278,21 +278,21 @@ def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str
 
 
 def draft_rows(root: Path) -> list[tuple[str, str]]:
-    """Training, export and evaluation rows, from train/, draft/export.json and eval/*.json."""
+    """Training, export, promotion and evaluation rows, from train/, draft/ and eval/*.json."""
     rows = []
     latest = root / "train" / "checkpoints" / "latest.json"
     if latest.exists():
         ckpt = json.loads(latest.read_text())
         rows.append(("training", f"checkpoint `{root / 'train' / 'checkpoints' / ckpt['dir']}` (step {ckpt['step']})"))
-    export = root / "draft" / "export.json"
+    export = root / "draft" / "latest" / "export.json"
     if export.exists():
         e = json.loads(export.read_text())
-        rows.append(
-            (
-                "draft",
-                f"`{e['out_dir']}` from step {e.get('checkpoint_step')}: serve with `{' '.join(e['sglang_args'])}`",
-            )
-        )
+        rows.append(("draft", f"`{e['out_dir']}` from step {e.get('checkpoint_step')}"))
+    promotion = root / "draft" / "promotion.json"  # eagle3/promote.py
+    if promotion.exists():
+        d = json.loads(promotion.read_text())
+        rows.append(("promotion", f"**{'promoted' if d['promoted'] else 'kept'}**: {d['reason']}; serve "
+                                  f"`{root / 'draft' / 'current'}` (-> `{d['current']}`)"))  # fmt: skip
     offline = root / "eval" / "offline.json"
     if offline.exists():
         o = json.loads(offline.read_text())

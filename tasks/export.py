@@ -1,4 +1,6 @@
-"""export: the trained draft as a directory SGLang serves (and a speculators copy), eagle3.export.export_draft."""
+"""export: the trained draft as a directory SGLang serves (and a speculators copy), eagle3.export.export_draft.
+Each checkpoint gets its own directory under `<run_dir>/draft/exports/`; `draft/latest` points at it, and
+`draft/current` (what to serve) moves only on promotion (tasks/promote.py)."""
 
 from __future__ import annotations
 
@@ -8,28 +10,31 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.export import ExportResult, default_export_dir, export_draft
+from eagle3.export import ExportResult, export_draft, sglang_args
+from eagle3.promote import current_link, export_dir_for, latest_link, point
 from tasks.artifacts import markdown_artifact, run_key
 
 EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for an 8B target's draft)
 
 
+def serve_command(model_dir: str, run_dir: str, steps: int) -> str:
+    """The command that serves the promoted draft: through the stable `draft/current` path."""
+    args = sglang_args(Path(model_dir).resolve(), current_link(Path(run_dir)).absolute(), steps=steps)
+    return " ".join(["python -m sglang.launch_server", *args])
+
+
 @task(name="export", retries=0, timeout_seconds=EXPORT_TIMEOUT_S, cache_policy=NO_CACHE)
 def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
-    """`<run_dir>/draft/` from the latest checkpoint of `<run_dir>/train/`; unchanged inputs: no work."""
+    """`<run_dir>/draft/exports/<checkpoint>-<sha>/` from the latest checkpoint of `<run_dir>/train/`, and
+    `draft/latest` pointed at it; the same checkpoint again: no work."""
     logger = get_run_logger()
-    out = default_export_dir(Path(config.run_dir))
-    result = export_draft(
-        Path(config.run_dir) / "train",
-        Path(config.run_dir),
-        Path(model_dir),
-        out,
-        speculative_tokens=config.evaluate.draft_steps,
-    )
+    run_dir, train_dir = Path(config.run_dir), Path(config.run_dir) / "train"
+    out = export_dir_for(run_dir, train_dir)
+    result = export_draft(train_dir, run_dir, Path(model_dir), out, speculative_tokens=config.evaluate.draft_steps)
+    point(latest_link(run_dir), out)
     logger.info("export: %s %s (step %s)", "unchanged" if result.skipped else "wrote", out, result.checkpoint_step)
     for note in result.notes:
         logger.warning("export: %s", note)
-    serve = " ".join(["python -m sglang.launch_server", *result.sglang_args])  # the args name the target too
     markdown_artifact(
         run_key(config.run_dir, "export"),
         "\n".join(
@@ -39,10 +44,12 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
                 f"- from checkpoint `{result.checkpoint}` (step {result.checkpoint_step})",
                 f"- {result.num_parameters:,} trainable parameters, draft vocabulary {result.draft_vocab_size} of "
                 f"{result.target_vocab_size}, aux layers {result.aux_layers} (SGLang ids {result.sglang_layer_ids})",
+                f"- `{latest_link(run_dir)}` points at it; `{current_link(run_dir)}` moves to it only when its "
+                "evaluation is not worse than the current draft's (the promotion artifact says which)",
                 "",
-                "Serve it:",
+                "Serve the promoted draft:",
                 "",
-                f"```\n{serve}\n```",
+                f"```\n{serve_command(model_dir, config.run_dir, config.evaluate.draft_steps)}\n```",
                 *(f"\n> {n}" for n in result.notes),
             ]
         ),

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.config import PipelineConfig
-from eagle3.model_files import resolve_model
+from eagle3.config import PipelineConfig, resolve_run_dir
+from eagle3.model_files import model_fingerprint, resolve_model
+from tasks.artifacts import markdown_artifact, run_key
 
 MODEL_TIMEOUT_S = 30 * 60  # the demo install takes ~25 s; a model directory only a config read
 
@@ -19,3 +21,19 @@ def resolve_model_task(config: PipelineConfig) -> str:
     model_dir = resolve_model(config.model, Path(config.data_dir))
     get_run_logger().info("model %r: %s", config.model, model_dir)
     return str(model_dir)
+
+
+@task(name="run-dir", retries=0, timeout_seconds=MODEL_TIMEOUT_S, cache_policy=NO_CACHE)
+def run_dir_task(config: PipelineConfig, model_dir: str) -> PipelineConfig:
+    """The config with `run_dir`'s {date} / {model_sha} filled in, once, at the start of the run (every later
+    stage gets this config). A run_dir without placeholders comes back unchanged."""
+    resolved = resolve_run_dir(config, today=dt.datetime.now(dt.UTC).date(),
+                               model_sha=lambda: model_fingerprint(Path(model_dir)))  # fmt: skip
+    if resolved is not config:
+        get_run_logger().info("run_dir %r -> %s", config.run_dir, resolved.run_dir)
+        markdown_artifact(
+            run_key(resolved.run_dir, "run-dir"),
+            f"# Run directory\n\n`{resolved.run_dir}`, from the template `{config.run_dir}`",
+            f"run_dir {resolved.run_dir}",
+        )
+    return resolved

@@ -22,6 +22,7 @@ def prepare_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
     Deterministic, so never retried: a bad input fails the same way twice."""
     logger = get_run_logger()
     report = TaskProgress(logger, "prepare", key=run_key(config.run_dir, "prepare-progress"), unit="rows")
+    before = RunStore(config.run_dir).read_prepared_manifest()
     manifest = prepare(config, RunStore(config.run_dir), Path(model_dir), report)
     logger.info(
         "prepared %d samples (%d tokens, %d loss tokens) in %d shards under %s; %d bad rows, %d duplicates",
@@ -33,6 +34,17 @@ def prepare_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
         len(manifest.bad_rows),
         manifest.duplicates,
     )
+    if len(manifest.intakes) > len(before.intakes if before else []):  # this run took files in (eagle3.prepare)
+        i = manifest.intakes[-1]
+        logger.info(
+            "intake %d: %d new samples (%d tokens) in shards %s from %d new or changed files; %d rows already in "
+            "the store", len(manifest.intakes), i.new_samples, i.new_tokens, i.shards, len(i.files), i.known_samples,
+        )  # fmt: skip
+        if i.missing_files or i.vanished_samples:
+            logger.warning(
+                "intake %d: %d source files gone (%s), %d samples whose source row is gone; kept in the store",
+                len(manifest.intakes), len(i.missing_files), ", ".join(i.missing_files[:3]), i.vanished_samples,
+            )  # fmt: skip
     for bad in manifest.bad_rows[:SHOW_BAD_ROWS]:
         logger.warning("bad row %s:%d: %s", bad.file, bad.row, bad.reason)
     if len(manifest.bad_rows) > SHOW_BAD_ROWS:

@@ -21,7 +21,9 @@ from pydantic import BaseModel
 from eagle3.config import PipelineConfig
 from eagle3.fsio import read_json
 from eagle3.progress import Progress
-from eagle3.train import TrainJob, write_job
+from eagle3.promote import current_link, pointed
+from eagle3.retrain import TrainPlan, archive_training, plan_training
+from eagle3.train import TrainJob, read_job, write_job
 from eagle3.train_launch import (
     MetricsTail,
     TrainProcess,
@@ -48,6 +50,8 @@ class TrainSummary(BaseModel):
     total_steps: int
     launched: bool  # False: the training was already finished
     last_metrics: dict[str, Any]
+    waiting: bool = False  # the store grew by fewer than train.min_new_tokens: no new training (eagle3/retrain.py)
+    reason: str = ""  # why this training ran, resumed, was done already or waits
 
 
 def train_dir(config: PipelineConfig) -> Path:
@@ -136,17 +140,23 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     """Train the draft under torchrun (train.nproc processes) on `config.server.device`, resuming if stopped."""
     logger = get_run_logger()
     out = train_dir(config)
-    reporter = TrainReporter(config, out, logger)
-    done = finished_checkpoint(out, config.train)
-    if done is not None:
-        logger.info("train: already finished (%s); nothing to do", done)
+    check_inputs(config)
+    plan = plan_training(Path(config.run_dir), config.train)
+    logger.info("train: %s (%s)", plan.action, plan.reason)
+    if plan.action in ("done", "wait"):
+        done = finished_checkpoint(out, config.train)
+        assert done is not None  # plan_training found it
+        reporter = TrainReporter(config, out, logger)
         reporter.poll()
         reporter.publish()
-        return summary(out, done, launched=False, last=reporter.last)
-    check_inputs(config)
-    job = TrainJob(
-        train=config.train, run_dir=config.run_dir, model_dir=model_dir, out_dir=str(out), device=config.server.device
-    )
+        waiting = plan.action == "wait"
+        return summary(out, done, launched=False, last=reporter.last, waiting=waiting, reason=plan.reason)
+    if plan.archive:
+        logger.info(
+            "train: the finished training of the smaller store moved to %s", archive_training(Path(config.run_dir))
+        )
+    reporter = TrainReporter(config, out, logger)
+    job = new_job(config, model_dir, plan, out)
     write_job(out / "job.json", job)
     nproc = config.train.nproc
     cmd = torchrun_command(out / "job.json", nproc)
@@ -166,10 +176,30 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     ckpt = finished_checkpoint(out, config.train)
     if ckpt is None:
         raise TrainFailedError(f"torchrun exited 0 but {out / 'checkpoints'} holds no final checkpoint")
-    return summary(out, ckpt, launched=True, last=reporter.last)
+    return summary(out, ckpt, launched=True, last=reporter.last, reason=plan.reason)
 
 
-def summary(out: Path, ckpt: Path, *, launched: bool, last: dict[str, Any]) -> TrainSummary:
+def new_job(config: PipelineConfig, model_dir: str, plan: TrainPlan, out: Path) -> TrainJob:
+    """The job file of this training: a resumed one keeps the store state and warm start it began with."""
+    if plan.action == "resume" and (out / "job.json").is_file():
+        old = read_job(out / "job.json")
+        init_from, key, tokens = old.init_from, old.data_key, old.data_tokens
+    else:
+        key, tokens = plan.data_key, plan.data_tokens
+        current = pointed(current_link(Path(config.run_dir))) if config.train.init == "previous" else None
+        init_from = str(current) if current is not None else None
+        if config.train.init == "previous":
+            get_run_logger().info("train: init=previous: %s", f"warm start from {current}" if current else
+                                  "no promoted draft yet (draft/current), starting fresh")  # fmt: skip
+    return TrainJob(
+        train=config.train, run_dir=config.run_dir, model_dir=model_dir, out_dir=str(out), device=config.server.device,
+        init_from=init_from, data_key=key, data_tokens=tokens,
+    )  # fmt: skip
+
+
+def summary(
+    out: Path, ckpt: Path, *, launched: bool, last: dict[str, Any], waiting: bool = False, reason: str = ""
+) -> TrainSummary:
     state = read_json(ckpt / "state.json")
     return TrainSummary(
         out_dir=str(out),
@@ -178,4 +208,6 @@ def summary(out: Path, ckpt: Path, *, launched: bool, last: dict[str, Any]) -> T
         total_steps=state["total_steps"],
         launched=launched,
         last_metrics=last,
+        waiting=waiting,
+        reason=reason,
     )

@@ -118,8 +118,15 @@ def test_cli_run_builds_a_complete_verified_store(demo_run: tuple[Path, str]) ->
 def test_the_pipeline_trains_exports_and_evaluates_the_draft(demo_run: tuple[Path, str]) -> None:
     root = Path(load_config(demo_run[0]).run_dir)
     assert json.loads((root / "train" / "checkpoints" / "latest.json").read_text())["step"] == 3
-    export = json.loads((root / "draft" / "export.json").read_text())
-    assert export["checkpoint_step"] == 3 and (root / "draft" / "config.json").is_file()
+    export = json.loads((root / "draft" / "latest" / "export.json").read_text())
+    assert export["checkpoint_step"] == 3 and (root / "draft" / "latest" / "config.json").is_file()
+    promotion = json.loads((root / "draft" / "promotion.json").read_text())  # the first draft: promoted
+    assert promotion["promoted"] and (root / "draft" / "current").resolve() == Path(export["out_dir"]).resolve()
+    from tests.e2e.test_reliability import events
+
+    (event,) = events("eagle3.draft.promoted", f"eagle3.run.{root.name}")
+    assert event.payload["reason"] == promotion["reason"] and "no current draft" in promotion["reason"]
+    assert "draft/current" in latest_artifact("run-promotion").data
     offline = json.loads((root / "eval" / "offline.json").read_text())
     assert offline["num_prompts"] == 2 and 1.0 <= offline["acceptance_length"] <= 3.0
     assert offline["identical_to_greedy"] == 2  # speculative decoding reproduced plain greedy decoding

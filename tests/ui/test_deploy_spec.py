@@ -47,6 +47,7 @@ def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> N
     assert names == {
         "eagle3-pipeline/pipeline",
         "eagle3-pipeline/convert",
+        "eagle3-pipeline/grow",
         "eagle3-train/train",
         "extract/extract",
         "extract/extract-node",

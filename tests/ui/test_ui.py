@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 DEPLOYMENTS = {
     "eagle3-pipeline/pipeline",
     "eagle3-pipeline/convert",
+    "eagle3-pipeline/grow",
     "eagle3-train/train",
     "extract/extract",
     "extract/extract-node",

@@ -1,0 +1,95 @@
+"""promote: move `<run_dir>/draft/current` to the draft just evaluated when it is not worse than the current one
+(eagle3.promote.promote); event `eagle3.draft.promoted` or `eagle3.draft.kept`, and the reason in an artifact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from eagle3.config import PipelineConfig
+from eagle3.model_files import sha256_file
+from eagle3.promote import Decision, EvalRecord, EvalSet, latest_link, pointed, promote
+from tasks.artifacts import markdown_artifact, run_key
+from tasks.evaluate import EvalSummary
+from tasks.export import serve_command
+from tasks.extract_report import emit_run_event
+
+PROMOTE_TIMEOUT_S = 5 * 60  # hashes the evaluation set, writes two small files and a symlink
+
+
+def eval_record(config: PipelineConfig, s: EvalSummary) -> EvalRecord:
+    off, live = s.offline, s.live
+    live_ok = live.status == "ok" and live.speed_up is not None
+    return EvalRecord(
+        eval_set=EvalSet(
+            dataset_sha256=sha256_file(Path(config.evaluate.dataset)),
+            num_prompts=off.num_prompts,
+            max_new_tokens=off.max_new_tokens,
+            draft_steps=off.steps,
+            offline_dtype=off.dtype,
+        ),
+        acceptance_length=off.acceptance_length,
+        live_speed_up=live.speed_up if live_ok else None,
+        live_device=live.device if live_ok else None,
+        flagged=live.flag,
+    )
+
+
+def promotion_markdown(config: PipelineConfig, model_dir: str, d: Decision) -> str:
+    head = "Promoted" if d.promoted else "Kept the current draft"
+    new, old = d.candidate_eval, d.previous_eval
+    lines = [
+        f"# {head}",
+        "",
+        f"**{'promoted' if d.promoted else 'kept'}:** {d.reason}",
+        "",
+        "| | offline acceptance length | live speed-up |",
+        "|---|---:|---:|",
+        f"| new `{Path(d.candidate).name}` | {new.acceptance_length:.3f} | {fmt_speed(new.live_speed_up)} |",
+    ]
+    if old is not None and d.previous is not None:
+        lines.append(f"| current before `{Path(d.previous).name}` | {old.acceptance_length:.3f} | "
+                     f"{fmt_speed(old.live_speed_up)} |")  # fmt: skip
+    lines += [
+        "",
+        f"`draft/current` -> `{d.current}`" if d.current else "There is no promoted draft yet.",
+        "",
+        "Serve the promoted draft:",
+        "",
+        f"```\n{serve_command(model_dir, config.run_dir, config.evaluate.draft_steps)}\n```",
+    ]
+    return "\n".join(lines)
+
+
+def fmt_speed(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+@task(name="promote", retries=0, timeout_seconds=PROMOTE_TIMEOUT_S, cache_policy=NO_CACHE)
+def promote_task(config: PipelineConfig, model_dir: str, evaluation: EvalSummary) -> Decision:
+    """Record the evaluation beside the export `draft/latest` points at, and move `draft/current` to it when
+    evaluate.promote allows; emits `eagle3.draft.promoted` or `eagle3.draft.kept` with the reason."""
+    run_dir = Path(config.run_dir)
+    candidate = pointed(latest_link(run_dir))
+    if candidate is None:
+        raise FileNotFoundError(f"{latest_link(run_dir)}: no export to promote; run the export stage first")
+    ev = config.evaluate
+    decision = promote(
+        run_dir,
+        candidate,
+        eval_record(config, evaluation),
+        policy=ev.promote,
+        tolerance=ev.promote_tolerance,
+        block_flagged=ev.fail_on_slowdown,
+    )
+    get_run_logger().info("promote: %s (%s)", "promoted" if decision.promoted else "kept", decision.reason)
+    event = "eagle3.draft.promoted" if decision.promoted else "eagle3.draft.kept"
+    emit_run_event(config.run_dir, event, decision.model_dump(mode="json"))
+    markdown_artifact(
+        run_key(config.run_dir, "promotion"),
+        promotion_markdown(config, model_dir, decision),
+        ("promoted: " if decision.promoted else "kept: ") + decision.reason,
+    )
+    return decision
