@@ -197,7 +197,7 @@ def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
     store = run_dir.resolve()
     which = f"shards {shards}" if shards is not None else "failed and partial shards"
     print(f"eagle3: retry-failed on {store} ({which}); Prefect {api_url}", flush=True)
-    state = retry_failed_flow(str(store), shards, return_state=True)
+    state = retry_failed_flow(str(store), tuple(shards or ()), return_state=True)
     return report_flow_state(state, store, run_dir)
 
 

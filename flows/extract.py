@@ -25,6 +25,10 @@ def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     the run directory is held only while run.json is written, and flow runs split the shards by lease. Every
     shard is attempted (with `extract.shard_retries` retries) even when an earlier one failed; complete shards
     are Skipped without loading the model. A disk budget that does not fit fails the run before it writes.
+
+    Args:
+        config: The run directory to extract (prepare must have run), the target model, the engine (`server`)
+            and the extract settings (eagle3/config.py, docs/formats.md).
     """
     model_dir = resolve_model_task(config)
     shared = config.extract.share_run_dir

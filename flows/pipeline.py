@@ -21,6 +21,10 @@ def pipeline(config: PipelineConfig) -> str | State:
     Runs the stages listed in `config.stages`; returns the run directory (the store). The last artifact,
     `<run>-run-summary`, says what the run left where and links the stages' artifacts. Ends Failed when the
     live evaluation finds the draft slower than the plain target.
+
+    Args:
+        config: The run: its own run directory (the store), the target model, the stages, and one section of
+            settings per stage (eagle3/config.py, docs/formats.md).
     """
     model_dir = resolve_model_task(config)
     if "prepare" in config.stages:

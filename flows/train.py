@@ -32,5 +32,10 @@ def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
 def train_flow(config: PipelineConfig) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
-    live evaluation finds the draft slower than the plain target."""
+    live evaluation finds the draft slower than the plain target.
+
+    Args:
+        config: The converted run directory to train on, the target model, and the train and evaluate settings
+            (eagle3/config.py, docs/formats.md).
+    """
     return draft_stages(config, resolve_model_task(config)) or config.run_dir
