@@ -223,7 +223,10 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
         style = "red" if r["bad"] else ("yellow" if r["missing"] or r["orphans"] else None)
         table.add_row(*(f"{v:05d}" if k == "shard" else str(v)[:80] for k, v in r.items()), style=style)
     console.print(table)
-    console.print(report.summary(), style="red" if report.bad_count else None)
+    # Every bad sample in full, one per line, as plain text: a table off a terminal is cut at 80 columns.
+    for shard, sample_id, reason in report.bad_samples():
+        print(f"bad sample {sample_id} (shard {shard:05d}): {reason}", flush=True)
+    console.print(report.summary(), style="red" if report.bad_count else None, soft_wrap=True)
     return EXIT_FAILED if report.bad_count > 0 else EXIT_OK
 
 

@@ -13,10 +13,12 @@ from tasks.extract_hold import run_lock
 from tasks.extract_plan import ExtractSummary
 from tasks.extract_report import extract_outcome, outcomes, report_extract_task
 from tasks.extract_servers import engine_session
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task
 
 
 @flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
+@reports_failure
 def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     """model ─► hold run_dir ─► open run (run.json) ─► disk budget ─► shards, one per server at a time (each under
     its lease) ─► shards other runs held ─► shard table + summary ─► Failed if a shard failed

@@ -13,11 +13,13 @@ from tasks.extract_fanout import (
     report_fanout_task,
     watch_children_task,
 )
+from tasks.failure import reports_failure
 
 NODE_DEPLOYMENT = "extract/extract-node"
 
 
 @flow(name="extract-fanout", flow_run_name="extract-fanout {config.run_dir}", validate_parameters=True)
+@reports_failure
 def extract_fanout_flow(
     config: PipelineConfig,
     work_queues: tuple[str, ...] = (),

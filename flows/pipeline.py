@@ -9,12 +9,14 @@ from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
 
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
+@reports_failure
 def pipeline(config: PipelineConfig) -> str | State:
     """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─► evaluate ─► summary
 

@@ -10,11 +10,13 @@ from tasks.extract_hold import run_lock
 from tasks.extract_plan import ExtractSummary
 from tasks.extract_report import extract_outcome, outcomes, report_extract_task
 from tasks.extract_servers import engine_session
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task
 from tasks.retry import plan_retry_task, run_config_task
 
 
 @flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True)
+@reports_failure
 def retry_failed_flow(run_dir: str, shards: tuple[int, ...] = ()) -> ExtractSummary | State:
     """run.json's config ─► lock run_dir ─► plan (failed/partial shards, or `shards`) ─► model ─► open run ─►
     disk budget ─► each planned shard (only its missing samples, under its lease) ─► shard table + summary ─►

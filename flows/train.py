@@ -13,6 +13,7 @@ from eagle3.config import PipelineConfig
 from tasks.artifacts import run_summary_task
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task
 from tasks.train import train_task
 
@@ -29,6 +30,7 @@ def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
 
 
 @flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+@reports_failure
 def train_flow(config: PipelineConfig) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the

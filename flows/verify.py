@@ -5,10 +5,12 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import State
 
+from tasks.failure import reports_failure
 from tasks.verify import VerifySummary, verify_outcome, verify_task
 
 
 @flow(name="verify", flow_run_name="verify {run_dir}", validate_parameters=True)
+@reports_failure
 def verify_flow(run_dir: str, quick: bool = False, shards: tuple[int, ...] = ()) -> VerifySummary | State:
     """verify (every file, or headers only with `quick`) ─► Failed if bad samples were found (quarantined;
     the retry-failed flow redoes them)
