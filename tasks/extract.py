@@ -35,7 +35,7 @@ from eagle3.lease import ShardLease, ShardLeaseLostError
 from eagle3.lock import RunLockedError, RunLockLostError
 from eagle3.progress import Progress, ProgressFn
 from eagle3.store import RunInfo, RunStore, ShardManifest
-from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress
+from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress, run_key
 from tasks.extract_hold import check_lock, shard_lease
 from tasks.extract_plan import (
     ExtractPlan,
@@ -161,7 +161,7 @@ def extract_shard_task(
     if info is None:
         raise FileNotFoundError(f"{store.run_json} missing; the open-run task writes it before any shard")
     check_lock(config.run_dir)
-    report = shard_report(logger, shard, progress)
+    report = shard_report(logger, config.run_dir, shard, progress)
     if shard_is_complete(store, shard, info):
         return skipped(store, shard, report, "skipped")
     lease = shard_lease(config, shard)
@@ -232,9 +232,10 @@ def extract_leased_shard(
     return result_of(manifest, shard, "complete", seconds, server=server.label)
 
 
-def shard_report(logger: Any, shard: int, progress: RunProgressRef | None) -> ProgressFn:
-    """The shard's own progress artifact and log lines, and its share of the flow run's progress."""
-    own = TaskProgress(logger, f"shard {shard}")
+def shard_report(logger: Any, run_dir: str, shard: int, progress: RunProgressRef | None) -> ProgressFn:
+    """The shard's own progress artifact (`<run>-extract-shard-NNNNN-progress`) and log lines, and its share of
+    the flow run's progress."""
+    own = TaskProgress(logger, f"shard {shard}", key=run_key(run_dir, f"extract-shard-{shard:05d}-progress"))
     board = RunProgressBoard.of(progress, logger) if progress is not None else None
 
     def report(p: Progress) -> None:

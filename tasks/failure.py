@@ -141,8 +141,9 @@ def report_failure(run_dir: str, error: BaseException | None, message: str | Non
     task_name = failed_task(error)
     kind = type(error).__name__ if error is not None else ""
     stage = stage_of(task_name) if task_name else ERROR_STAGE.get(kind)
+    run_name = ctx.flow_run.name if ctx and ctx.flow_run else flow_name
     if task_name:
-        what = f"the `{task_name}` task (stage `{stage}`) of flow run `{ctx.flow_run.name if ctx and ctx.flow_run else flow_name}`"
+        what = f"the `{task_name}` task (stage `{stage}`) of flow run `{run_name}`"
     elif stage:
         what = f"stage `{stage}` of the `{flow_name}` flow"
     else:
