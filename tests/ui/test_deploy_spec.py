@@ -5,6 +5,7 @@ the crash automation refuses a window shorter than two heartbeats."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -139,3 +140,28 @@ def test_each_form_shows_only_the_config_its_stages_read() -> None:
     assert shown["extract"] == {"run_dir", "model", "data_dir", "server", "extract", "disk"}
     assert shown["train"] >= {"train", "evaluate"} and not shown["train"] & {"data", "synthesize", "extract"}
     assert shown["convert"] == {"run_dir", "model", "data_dir", "train"}
+
+
+def doc_deployments() -> set[tuple[str, str]]:
+    """(`flow/deployment`, entrypoint) of every row of docs/gpu-node.md's deployment table."""
+    rows = set()
+    for line in (REPO / "docs" / "gpu-node.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and re.fullmatch(r"`[\w-]+/[\w-]+`", cells[0]) and cells[1].endswith("`"):
+            rows.add((cells[0].strip("`"), cells[1].strip("`")))
+    return rows
+
+
+def test_the_deployments_in_the_docs_are_the_ones_in_prefect_yaml() -> None:
+    from prefect.flows import load_flow_from_entrypoint
+
+    d = deployments_module()
+    spec = set()
+    for entry in d.load_spec()["deployments"]:
+        flow: Any = load_flow_from_entrypoint(str(REPO / entry["entrypoint"]))
+        spec.add((f"{flow.name}/{entry['name']}", entry["entrypoint"]))
+    assert doc_deployments() == spec
+    readme = (REPO / "README.md").read_text()
+    listed = re.search(r"the deployments \(([^)]*)\)", " ".join(readme.split()))
+    assert listed is not None, "README: the `make serve` paragraph lists the deployments"
+    assert {n.strip() for n in listed.group(1).split(",")} == {name.split("/")[1] for name, _ in spec}
