@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -9,7 +10,8 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
 from eagle3.export import ExportResult, default_export_dir, export_draft
-from tasks.artifacts import markdown_artifact, run_key
+from eagle3.progress import Progress
+from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 
 EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for an 8B target's draft)
 
@@ -19,13 +21,16 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     """`<run_dir>/draft/` from the latest checkpoint of `<run_dir>/train/`; unchanged inputs: no work."""
     logger = get_run_logger()
     out = default_export_dir(Path(config.run_dir))
-    result = export_draft(
-        Path(config.run_dir) / "train",
-        Path(config.run_dir),
-        Path(model_dir),
-        out,
-        speculative_tokens=config.evaluate.draft_steps,
-    )
+    start = time.monotonic()
+    with TaskProgress(logger, "export", key=run_key(config.run_dir, "export-progress"), unit="drafts") as report:
+        result = export_draft(
+            Path(config.run_dir) / "train",
+            Path(config.run_dir),
+            Path(model_dir),
+            out,
+            speculative_tokens=config.evaluate.draft_steps,
+        )
+        report(Progress("export", 1, 1, 0, time.monotonic() - start))
     logger.info("export: %s %s (step %s)", "unchanged" if result.skipped else "wrote", out, result.checkpoint_step)
     for note in result.notes:
         logger.warning("export: %s", note)
