@@ -47,10 +47,14 @@ def artifact_key(*parts: str) -> str:
     return key
 
 
+def run_prefix(run_dir: str | Path) -> str:
+    """What every artifact key of a run directory starts with: its name as a key, e.g. `demo`."""
+    return artifact_key(Path(run_dir).resolve().name or "run")
+
+
 def run_key(run_dir: str | Path, what: str) -> str:
     """Stable key for one artifact of one run directory, e.g. `demo-extract-progress`."""
-    name = Path(run_dir).resolve().name or "run"
-    return artifact_key(name, what)
+    return artifact_key(run_prefix(run_dir), what)
 
 
 def format_eta(seconds: float | None) -> str:

@@ -22,7 +22,7 @@ from prefect import get_run_logger
 from prefect.context import FlowRunContext
 from prefect.states import Failed, State
 
-from tasks.artifacts import markdown_artifact, run_key
+from tasks.artifacts import markdown_artifact, run_key, run_prefix
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -108,7 +108,7 @@ def stage_of(task_run_name: str) -> str:
 def advice(stage: str | None, error: BaseException | None, run_dir: str) -> str:
     kind = type(error).__name__ if error is not None else ""
     text = ERROR_ADVICE.get(kind) or ADVICE.get(stage or "") or DEFAULT_ADVICE
-    return text.format(run_dir=run_dir, key=run_key(run_dir, "x")[:-2])
+    return text.format(run_dir=run_dir, key=run_prefix(run_dir))
 
 
 def first_error(error: BaseException | None, message: str | None) -> str:
