@@ -106,7 +106,7 @@ TITLES = {"poll_s": "Poll Interval (s)"}
 SECTION_STAGES = {
     "data": "prepare",
     "synthesize": "synthesize",
-    "server": "synthesize, extract, evaluate",
+    "server": "synthesize, extract, train, evaluate",
     "extract": "extract",
     "disk": "extract",
     "train": "convert, train",
