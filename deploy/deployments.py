@@ -2,7 +2,9 @@
 
     process work pool `eagle3-gpu`   flow runs start in the project directory, with flow-run heartbeats on
     global concurrency limit `gpu`   sized to this node (nvidia-smi, at least 1; --gpus to set it)
-    deployments                      deploy/prefect.yaml, by entrypoint, source = this project directory
+    deployments                      deploy/prefect.yaml, by entrypoint, source = this project directory; each
+                                     form titles and describes every parameter, requires its own
+                                     `config.run_dir` and shows only its `config_form` keys
     automation "crash-zombie-runs"   a Running flow run whose heartbeats stop is marked Crashed (open-source
                                      Prefect does not ship it), so it no longer holds its concurrency slots
     example automations              deploy/automations/*.yaml, created disabled; enable them in the UI
