@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export PREFECT_HOME ?= $(CURDIR)/.prefect
-export PREFECT_API_URL ?= http://127.0.0.1:4200/api
+export PREFECT_API_URL ?= http://127.0.0.1:$(or $(PREFECT_SERVER_PORT),4200)/api
 
 .PHONY: venv sglang-env demo test lint serve stop serve-prefect stop-prefect clean
 
@@ -24,9 +24,9 @@ sglang-env:
 	bash deploy/sglang_env.sh
 
 demo: venv
-	bash deploy/prefect_server.sh start
+	EAGLE3_STARTED_BY="make demo" bash deploy/prefect_server.sh start
 	$(BIN)/eagle3 run configs/demo.yaml
-	@echo "Prefect UI: http://127.0.0.1:4200   store: data/runs/demo/   (stop the server: make stop-prefect)"
+	@echo "Prefect UI: $${PREFECT_API_URL%/api}   store: data/runs/demo/   (stop the server: make stop-prefect)"
 
 lint: venv
 	$(BIN)/ruff check eagle3 flows tasks server_patch deploy tests bench
@@ -43,7 +43,7 @@ stop:
 	bash deploy/serve.sh stop
 
 serve-prefect: venv
-	bash deploy/prefect_server.sh start
+	EAGLE3_STARTED_BY="make serve-prefect" bash deploy/prefect_server.sh start
 
 stop-prefect:
 	bash deploy/prefect_server.sh stop

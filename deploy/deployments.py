@@ -2,7 +2,9 @@
 
     process work pool `eagle3-gpu`   flow runs start in the project directory, with flow-run heartbeats on
     global concurrency limit `gpu`   sized to this node (nvidia-smi, at least 1; --gpus to set it)
-    deployments                      deploy/prefect.yaml, by entrypoint, source = this project directory
+    deployments                      deploy/prefect.yaml, by entrypoint, source = this project directory; each
+                                     form titles and describes every parameter, requires its own
+                                     `config.run_dir` and shows only its `config_form` keys
     automation "crash-zombie-runs"   a Running flow run whose heartbeats stop is marked Crashed (open-source
                                      Prefect does not ship it), so it no longer holds its concurrency slots
     example automations              deploy/automations/*.yaml, created disabled; enable them in the UI
@@ -96,6 +98,81 @@ def full_parameters(fn: Any, given: dict[str, Any] | None, where: str) -> dict[s
     return params
 
 
+# --- the UI form ----------------------------------------------------------------------------------------------
+
+#: Titles for flow parameters whose title-cased name (`run_dir` -> "Run Dir", as pydantic titles config fields)
+#: reads badly.
+TITLES = {"poll_s": "Poll Interval (s)"}
+#: Which stages read each config section: the form says so, so a section a run's stages never read is clearly
+#: one to leave alone.
+SECTION_STAGES = {
+    "data": "prepare",
+    "synthesize": "synthesize",
+    "server": "synthesize, extract, train, evaluate",
+    "extract": "extract",
+    "disk": "extract",
+    "train": "convert, train",
+    "evaluate": "export, evaluate",
+}
+RUN_DIR_HELP = (
+    "Required: a directory of this run's own, e.g. `data/runs/k2-2026-12-01` (relative to the project "
+    "directory). A run given another run's directory adds to that store, or is refused when its data or "
+    "settings differ."
+)
+
+
+def title_of(name: str) -> str:
+    return TITLES.get(name) or name.replace("_", " ").title()
+
+
+def form_schema(flow: Any, d: dict[str, Any]) -> Any:
+    """The flow's parameter schema as the deployment's UI form shows it: every parameter titled and described
+    (descriptions come from the flow docstring's `Args:` section), `config.run_dir` required and empty (a run
+    started without edits never lands in another run's store), and, with `config_form` in the spec, only
+    those config keys (the others keep their defaults; a caller may still pass them)."""
+    from prefect.utilities.callables import parameter_schema
+
+    where = f"deployment {d['name']!r} ({d['entrypoint']})"
+    schema = parameter_schema(flow.fn)
+    for name, prop in schema.properties.items():
+        if not prop.get("description"):
+            raise SpecError(f"{where}: parameter {name!r} has no description; add it to the flow's `Args:` docstring")
+        prop["title"] = title_of(name)
+        prop["description"] = " ".join(prop["description"].split())
+    config = schema.definitions.get("PipelineConfig")
+    if config is not None and "config" in model_parameters(flow.fn):
+        shown = d.get("config_form")
+        props = config["properties"]
+        unknown = sorted(set(shown or []) - set(props))
+        if unknown:
+            raise SpecError(f"{where}: config_form names keys PipelineConfig does not have: {unknown}")
+        if shown:
+            config["properties"] = props = {k: v for k, v in props.items() if k in shown}
+            config.pop("additionalProperties", None)  # callers (extract-fanout) pass the whole config
+        props["run_dir"].pop("default", None)
+        props["run_dir"]["description"] = RUN_DIR_HELP
+        config["required"] = sorted({*config.get("required", []), "run_dir"})
+        for key, stages in SECTION_STAGES.items():
+            if key in props:
+                section = schema.definitions[props[key]["$ref"].split("/")[-1]]
+                props[key]["title"] = f"{title_of(key)} · used by {stages}"
+                who = f"the stages {stages} read" if "," in stages else f"the {stages} stage reads"
+                props[key]["description"] = (
+                    f"{section.get('description', '')} Only {who} this section; its defaults suit a first run."
+                )
+    return schema
+
+
+def form_parameters(params: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
+    """The deployment's parameters as the form starts: without `config.run_dir` (the user names it) and
+    without the config keys the form does not show."""
+    if "config" not in params:
+        return params
+    shown = d.get("config_form")
+    config = {k: v for k, v in params["config"].items() if k != "run_dir" and (not shown or k in shown)}
+    return {**params, "config": config}
+
+
 # --- work pool and limits -------------------------------------------------------------------------------------
 
 
@@ -176,7 +253,7 @@ def apply_deployment(client: Any, d: dict[str, Any], project_dir: Path) -> tuple
         name=d["name"],
         description=d.get("description"),
         tags=d.get("tags") or [],
-        parameters=full_parameters(flow.fn, d.get("parameters"), where),
+        parameters=form_parameters(full_parameters(flow.fn, d.get("parameters"), where), d),
         schedules=schedules,
         concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit,
         work_pool_name=d["work_pool"]["name"],
@@ -184,6 +261,7 @@ def apply_deployment(client: Any, d: dict[str, Any], project_dir: Path) -> tuple
         job_variables=d["work_pool"].get("job_variables") or {},
         enforce_parameter_schema=True,
     )
+    deployment._parameter_openapi_schema = form_schema(flow, d)  # titles, descriptions, required run_dir
     return full_name, deployment.apply()
 
 

@@ -7,7 +7,12 @@
 #   bash deploy/prefect_server.sh stop
 #
 # Environment: PREFECT_HOME, PREFECT_SERVER_HOST (127.0.0.1), PREFECT_SERVER_PORT (4200),
-# PREFECT_BIN (<repo>/.venv/bin/prefect), PREFECT_SERVER_START_TIMEOUT (120 s).
+# PREFECT_BIN (<repo>/.venv/bin/prefect), PREFECT_SERVER_START_TIMEOUT (120 s), EAGLE3_STARTED_BY (what started
+# it, said again by `stop`: `make demo`, `make serve`, ...).
+#
+# The project's own server (PREFECT_HOME = <repo>/.prefect) also becomes the active project profile `eagle3`
+# in .prefect/profiles.toml (deploy/project_profile.py): prefect.toml points Prefect there, so `prefect ...`
+# and `eagle3 ...` run in the project directory reach this server from any shell, whatever its port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,15 +22,26 @@ PORT="${PREFECT_SERVER_PORT:-4200}"
 PREFECT_BIN="${PREFECT_BIN:-$PWD/.venv/bin/prefect}"
 TIMEOUT="${PREFECT_SERVER_START_TIMEOUT:-120}"
 PID_FILE="$PREFECT_HOME/server.pid"
+BY_FILE="$PREFECT_HOME/server.started-by"
 LOG_FILE="$PREFECT_HOME/server.log"
 HEALTH="http://$HOST:$PORT/api/health"
+# What clients on this machine use (a server listening on 0.0.0.0 is reached at 127.0.0.1).
+API_URL="http://$([ "$HOST" = 0.0.0.0 ] && echo 127.0.0.1 || echo "$HOST"):$PORT/api"
 
 healthy() { curl -fsS --max-time 2 "$HEALTH" >/dev/null 2>&1; }
 our_pid() { [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null && cat "$PID_FILE"; }
+started_by() { cat "$BY_FILE" 2>/dev/null || echo "deploy/prefect_server.sh start"; }
+
+# The project's own server is what the project's commands reach (prefect.toml -> .prefect/profiles.toml).
+point_project_profile() {
+  [ "$(realpath -m "$PREFECT_HOME")" = "$(realpath -m "$PWD/.prefect")" ] || return 0
+  "$(dirname "$PREFECT_BIN")/python" deploy/project_profile.py "$API_URL"
+}
 
 start() {
   if pid=$(our_pid) && healthy; then
-    echo "prefect server already running (pid $pid): http://$HOST:$PORT"
+    echo "prefect server already running (pid $pid, started by $(started_by)): http://$HOST:$PORT"
+    point_project_profile
     return 0
   fi
   if healthy; then
@@ -34,8 +50,11 @@ start() {
     return 1
   fi
   mkdir -p "$PREFECT_HOME"
-  # Heartbeat-based services and the scheduler are not needed for local runs.
-  PREFECT_SERVER_ANALYTICS_ENABLED=false \
+  echo "${EAGLE3_STARTED_BY:-deploy/prefect_server.sh start}" >"$BY_FILE"
+  # Heartbeat-based services and the scheduler are not needed for local runs. PREFECT_API_URL: the server's
+  # own address (its UI calls it unless PREFECT_UI_API_URL says otherwise), never a profile's.
+  PREFECT_API_URL="$API_URL" \
+    PREFECT_SERVER_ANALYTICS_ENABLED=false \
     PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED=false \
     nohup setsid "$PREFECT_BIN" server start --host "$HOST" --port "$PORT" >>"$LOG_FILE" 2>&1 </dev/null &
   echo $! >"$PID_FILE"
@@ -57,6 +76,7 @@ start() {
   done
   echo "prefect server started (pid $(cat "$PID_FILE"), ${waited}s): UI http://$HOST:$PORT  API http://$HOST:$PORT/api"
   echo "  PREFECT_HOME=$PREFECT_HOME  log: $LOG_FILE"
+  point_project_profile
 }
 
 stop() {
@@ -65,11 +85,11 @@ stop() {
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
     for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     kill -0 "$pid" 2>/dev/null && kill -KILL -- "-$pid" 2>/dev/null || true
-    echo "prefect server stopped (pid $pid)"
+    echo "prefect server stopped (pid $pid, started by $(started_by))"
   else
     echo "prefect server not running (no live pid in $PID_FILE)"
   fi
-  rm -f "$PID_FILE"
+  rm -f "$PID_FILE" "$BY_FILE"
 }
 
 status() {

@@ -4,7 +4,7 @@
 #   bash deploy/serve.sh start    # server (deploy/prefect_server.sh) + pool, limits, deployments, automations
 #                                 # (deploy/deployments.py) + a worker for the pool; prints the UI URL
 #   bash deploy/serve.sh worker   # only a worker, for another node: PREFECT_API_URL = the first node's API
-#   bash deploy/serve.sh stop     # worker, then server
+#   bash deploy/serve.sh stop     # worker, then server (also one that `make demo` started: it says so)
 #   bash deploy/serve.sh status
 #
 # Worker: log $PREFECT_HOME/worker.log, pid $PREFECT_HOME/worker.pid. Environment: what prefect_server.sh
@@ -75,7 +75,7 @@ start() {
   # `start` serves this node: its clients talk to the server it starts, whatever PREFECT_API_URL said
   # (the Makefile exports a default for port 4200).
   export PREFECT_API_URL="$LOCAL_API"
-  bash deploy/prefect_server.sh start
+  EAGLE3_STARTED_BY="${EAGLE3_STARTED_BY:-make serve}" bash deploy/prefect_server.sh start
   args=(apply --heartbeat-s "$HEARTBEAT_S")
   [ -n "${EAGLE3_GPUS:-}" ] && args+=(--gpus "$EAGLE3_GPUS")
   [ -n "${EAGLE3_CRASH_AFTER_S:-}" ] && args+=(--crash-after-s "$EAGLE3_CRASH_AFTER_S")
@@ -88,7 +88,15 @@ start() {
 case "${1:-}" in
   start) start ;;
   worker) start_worker ;;
-  stop) stop_worker; bash deploy/prefect_server.sh stop ;;
+  stop)
+    stop_worker
+    by=$(cat "$PREFECT_HOME/server.started-by" 2>/dev/null || true)
+    if [ -n "$by" ] && [ "$by" != "make serve" ] && bash deploy/prefect_server.sh status >/dev/null 2>&1; then
+      echo "serve: the Prefect server was started by \`$by\`, not \`make serve\`; stopping it too (its runs stay" \
+        "in $PREFECT_HOME; \`make serve\` or \`make demo\` starts it again)"
+    fi
+    bash deploy/prefect_server.sh stop
+    ;;
   status)
     bash deploy/prefect_server.sh status || true
     if pid=$(worker_pid); then echo "worker running (pid $pid): log $WORKER_LOG"; else echo "worker not running"; fi

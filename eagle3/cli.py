@@ -8,8 +8,9 @@
     eagle3 model demo | MODEL_DIR                                 install/check a model, print its path
     eagle3 config show [CONFIG] [--set ...]                       the effective config as YAML
 
-The environment is read here and only here: PREFECT_API_URL (through Prefect's settings) picks the
-server that `run` and `retry` report to; `doctor` passes the environment to the server it launches.
+The environment is read here and only here: Prefect's settings pick the server that `run` and `retry` report to
+(PREFECT_API_URL, else, in the project directory, the project profile that the local server's start wrote:
+prefect.toml); `doctor` passes the environment to the server it launches.
 Prefect and the flows are imported inside the commands that use them (this module is the one place in
 eagle3/ that may import them at all; tests/unit/test_import_rules.py enforces it).
 """
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2  # verify: 1 = bad files found, 2 = could not verify
 SERVER_HINT = (
-    "start the local server with `bash deploy/prefect_server.sh start` (or `make serve-prefect`) and "
-    "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+    "start the project's local server with `make serve` (or `make serve-prefect`): commands run in the project "
+    "directory then reach it with nothing exported (prefect.toml); from another directory, "
+    "`source <project>/deploy/env.sh` first, or export PREFECT_API_URL=<a server's /api URL>"
 )
 
 
@@ -140,7 +142,7 @@ def prefect_api_url() -> str | None:
 def check_server(api_url: str | None) -> str | None:
     """None when the Prefect API answers, else what is wrong and how to fix it."""
     if not api_url:
-        return f"PREFECT_API_URL is not set, so Prefect would start a throw-away server with no UI; {SERVER_HINT}"
+        return f"PREFECT_API_URL is not set and no project profile names a server; {SERVER_HINT}"
     import httpx
 
     try:
@@ -198,7 +200,7 @@ def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
     store = run_dir.resolve()
     which = f"shards {shards}" if shards is not None else "failed and partial shards"
     print(f"eagle3: retry-failed on {store} ({which}); Prefect {api_url}", flush=True)
-    state = retry_failed_flow(str(store), shards, return_state=True)
+    state = retry_failed_flow(str(store), tuple(shards or ()), return_state=True)
     return report_flow_state(state, store, run_dir)
 
 
@@ -224,7 +226,10 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
         style = "red" if r["bad"] else ("yellow" if r["missing"] or r["orphans"] else None)
         table.add_row(*(f"{v:05d}" if k == "shard" else str(v)[:80] for k, v in r.items()), style=style)
     console.print(table)
-    console.print(report.summary(), style="red" if report.bad_count else None)
+    # Every bad sample in full, one per line, as plain text: a table off a terminal is cut at 80 columns.
+    for shard, sample_id, reason in report.bad_samples():
+        print(f"bad sample {sample_id} (shard {shard:05d}): {reason}", flush=True)
+    console.print(report.summary(), style="red" if report.bad_count else None, soft_wrap=True)
     return EXIT_FAILED if report.bad_count > 0 else EXIT_OK
 
 

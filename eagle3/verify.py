@@ -89,18 +89,37 @@ class VerifyReport:
     def clean(self) -> bool:
         return self.bad_count == 0
 
-    def summary(self) -> str:
+    def bad_samples(self) -> list[tuple[int, str, str]]:
+        """(shard, sample id, reason) of every bad sample, in shard order."""
+        return [(s.shard, sid, why) for s in self.shards for sid, why in sorted(s.bad.items())]
+
+    def summary(self, show: int = 5) -> str:
+        """One paragraph: the counts, the first `show` bad sample ids, and how to redo them."""
         adopted = sum(len(s.adopted) for s in self.shards)
         orphans = sum(len(s.orphans) for s in self.shards)
         text = (
-            f"verified {self.run_dir} ({'full' if self.full else 'headers only'}): {self.ok_count} sound, "
-            f"{self.bad_count} bad, {adopted} adopted, {self.missing_count} not extracted, {orphans} orphan files"
+            f"verified {self.run_dir} ({'full' if self.full else 'headers only'}): "
+            f"{self.ok_count} sound, {self.bad_count} bad, {adopted} adopted, {self.missing_count} not extracted, "
+            f"{count(orphans, 'orphan file')}"
         )
+        bad = self.bad_samples()
+        if bad:
+            ids = ", ".join(f"{sid} (shard {shard})" for shard, sid, _ in bad[:show])
+            text += f"; bad: {ids}" + (f" and {len(bad) - show} more" if len(bad) > show else "")
         if self.bad_count or orphans:
             text += f"; bad and orphan files are in {Path(self.run_dir) / QUARANTINE}"
-        if self.bad_count or self.missing_count:
-            text += f"; `eagle3 retry {self.run_dir}` redoes the {self.bad_count + self.missing_count} samples"
+        todo = self.bad_count + self.missing_count
+        if todo:
+            text += (
+                f"; to redo {'it' if todo == 1 else f'these {todo} samples'}, run the retry-failed deployment with "
+                f"run_dir {self.run_dir} (Prefect UI), or `eagle3 retry {self.run_dir}`"
+            )
         return text
+
+
+def count(n: int, noun: str) -> str:
+    """`1 orphan file`, `2 orphan files`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def verify_run(

@@ -13,10 +13,12 @@ from tasks.extract_hold import run_lock
 from tasks.extract_plan import ExtractSummary
 from tasks.extract_report import extract_outcome, outcomes, report_extract_task
 from tasks.extract_servers import engine_session
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task, run_dir_task
 
 
 @flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
+@reports_failure
 def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     """model ─► hold run_dir ─► open run (run.json) ─► disk budget ─► shards, one per server at a time (each under
     its lease) ─► shards other runs held ─► shard table + summary ─► Failed if a shard failed
@@ -25,6 +27,10 @@ def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     the run directory is held only while run.json is written, and flow runs split the shards by lease. Every
     shard is attempted (with `extract.shard_retries` retries) even when an earlier one failed; complete shards
     are Skipped without loading the model. A disk budget that does not fit fails the run before it writes.
+
+    Args:
+        config: The run directory to extract (prepare must have run), the target model, the engine (`server`)
+            and the extract settings (eagle3/config.py, docs/formats.md).
     """
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)

@@ -13,14 +13,16 @@ from tasks.extract_fanout import (
     report_fanout_task,
     watch_children_task,
 )
+from tasks.failure import reports_failure
 
 NODE_DEPLOYMENT = "extract/extract-node"
 
 
 @flow(name="extract-fanout", flow_run_name="extract-fanout {config.run_dir}", validate_parameters=True)
+@reports_failure
 def extract_fanout_flow(
     config: PipelineConfig,
-    work_queues: list[str] | None = None,
+    work_queues: tuple[str, ...] = (),
     nodes: int = 2,
     deployment: str = NODE_DEPLOYMENT,
     poll_s: float = 10.0,
@@ -32,6 +34,14 @@ def extract_fanout_flow(
     runs exactly one child. Without it, `nodes` children go to the deployment's queue (any worker may take
     several). The children share the run directory (`extract.share_run_dir`) and split its shards by lease.
     Prepare must have run.
+
+    Args:
+        config: The run: its run directory, model and engine, and the extract settings every child uses.
+        work_queues: One child flow run per work queue, e.g. [node-1, node-2]: start each node's worker with
+            `--work-queue <its queue>`. Empty: `nodes` children on the deployment's own queue.
+        nodes: How many children to start when `work_queues` is empty.
+        deployment: The deployment each child runs (flow/deployment); it must share the run directory.
+        poll_s: Seconds between looks at the store and the children (progress, ETA, their states).
     """
     queues: list[str | None] = list(work_queues) if work_queues else [None] * nodes
     children = launch_children_task(config, deployment, queues)

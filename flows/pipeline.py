@@ -10,18 +10,24 @@ from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
 from tasks.extract_servers import engine_session
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task, run_dir_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
 
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
+@reports_failure
 def pipeline(config: PipelineConfig) -> str | State:
     """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─► evaluate ─► summary
 
     Runs the stages listed in `config.stages`; returns the run directory (the store). The last artifact,
     `<run>-run-summary`, says what the run left where and links the stages' artifacts. Ends Failed when the
     live evaluation finds the draft slower than the plain target.
+
+    Args:
+        config: The run: its own run directory (the store), the target model, the stages, and one section of
+            settings per stage (eagle3/config.py, docs/formats.md).
     """
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once

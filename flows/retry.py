@@ -10,21 +10,29 @@ from tasks.extract_hold import run_lock
 from tasks.extract_plan import ExtractSummary
 from tasks.extract_report import extract_outcome, outcomes, report_extract_task
 from tasks.extract_servers import engine_session
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task
 from tasks.retry import plan_retry_task, run_config_task
 
 
 @flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True)
-def retry_failed_flow(run_dir: str, shards: list[int] | None = None) -> ExtractSummary | State:
+@reports_failure
+def retry_failed_flow(run_dir: str, shards: tuple[int, ...] = ()) -> ExtractSummary | State:
     """run.json's config ─► lock run_dir ─► plan (failed/partial shards, or `shards`) ─► model ─► open run ─►
     disk budget ─► each planned shard (only its missing samples, under its lease) ─► shard table + summary ─►
     Failed if one is still not complete
 
     The same shard task as the extract flow: sound files are adopted, the engine sees only missing samples.
+
+    Args:
+        run_dir: The run directory (store) to repair, e.g. data/runs/demo; relative to the project directory. Its
+            run.json gives the config (model, engine, layers) the retry runs with.
+        shards: Shard ids to redo, e.g. [1, 4] (a shard never started runs only when named here). Empty: every
+            failed or partial shard, and any with sample files missing.
     """
     config = run_config_task(run_dir)
     with run_lock(run_dir, "retry", ttl_s=config.extract.lease_ttl_s), engine_session():
-        todo = plan_retry_task(config, shards)
+        todo = plan_retry_task(config, list(shards) or None)
         model_dir = resolve_model_task(config)
         plan = open_run_task(config, model_dir, shards=todo)
         disk_budget_task(config, plan)

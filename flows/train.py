@@ -13,6 +13,7 @@ from eagle3.config import PipelineConfig
 from tasks.artifacts import run_summary_task
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
+from tasks.failure import reports_failure
 from tasks.model import resolve_model_task, run_dir_task
 from tasks.promote import promote_task
 from tasks.train import train_task
@@ -35,10 +36,16 @@ def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
 
 
 @flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+@reports_failure
 def train_flow(config: PipelineConfig) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
-    live evaluation finds the draft slower than the plain target."""
+    live evaluation finds the draft slower than the plain target.
+
+    Args:
+        config: The converted run directory to train on, the target model, and the train and evaluate settings
+            (eagle3/config.py, docs/formats.md).
+    """
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     return draft_stages(config, model_dir) or config.run_dir

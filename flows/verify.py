@@ -5,11 +5,19 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import State
 
+from tasks.failure import reports_failure
 from tasks.verify import VerifySummary, verify_outcome, verify_task
 
 
 @flow(name="verify", flow_run_name="verify {run_dir}", validate_parameters=True)
-def verify_flow(run_dir: str, quick: bool = False, shards: list[int] | None = None) -> VerifySummary | State:
+@reports_failure
+def verify_flow(run_dir: str, quick: bool = False, shards: tuple[int, ...] = ()) -> VerifySummary | State:
     """verify (every file, or headers only with `quick`) ─► Failed if bad samples were found (quarantined;
-    the retry-failed flow redoes them)"""
-    return verify_outcome(verify_task(run_dir, full=not quick, shards=shards))
+    the retry-failed flow redoes them)
+
+    Args:
+        run_dir: The run directory (store) to check, e.g. data/runs/demo; relative to the project directory.
+        quick: Check headers, shapes and sizes only (seconds), not every value and checksum (reads every byte).
+        shards: Shard ids to check, e.g. [0, 3]. Empty: every shard.
+    """
+    return verify_outcome(verify_task(run_dir, full=not quick, shards=list(shards) or None))

@@ -8,9 +8,11 @@ failed write is logged once and never fails the task that reports.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -33,6 +35,7 @@ from eagle3.store import RunStore
 
 _KEY_JUNK = re.compile(r"[^a-z0-9]+")
 BAR_WIDTH = 24
+HEARTBEAT_S = 20.0  # a step silent this long still shows it is working (at least every 30 s, docs/gpu-node.md)
 
 
 def artifact_key(*parts: str) -> str:
@@ -44,10 +47,14 @@ def artifact_key(*parts: str) -> str:
     return key
 
 
+def run_prefix(run_dir: str | Path) -> str:
+    """What every artifact key of a run directory starts with: its name as a key, e.g. `demo`."""
+    return artifact_key(Path(run_dir).resolve().name or "run")
+
+
 def run_key(run_dir: str | Path, what: str) -> str:
     """Stable key for one artifact of one run directory, e.g. `demo-extract-progress`."""
-    name = Path(run_dir).resolve().name or "run"
-    return artifact_key(name, what)
+    return artifact_key(run_prefix(run_dir), what)
 
 
 def format_eta(seconds: float | None) -> str:
@@ -130,7 +137,13 @@ class RunProgressRef(BaseModel):
 class TaskProgress:
     """A ProgressFn for a task: feeds the task's progress artifact, optionally a run-level artifact,
     and writes a log line with a text bar every `log_every_s` (the terminal's progress bar: Prefect
-    prints run logs to the console, and the same lines show in the UI)."""
+    prints run logs to the console, and the same lines show in the UI).
+
+    Used as a context manager around the library call, it also creates the artifact at once and keeps the
+    step visibly alive: when the library reports nothing for `heartbeat_s` (loading a model, a first compiled
+    step, one long sample), a background thread writes the last figures with the time since the start, to the
+    artifact and the log, so every long step shows progress within its first minute and then at least every
+    `heartbeat_s`."""
 
     def __init__(
         self,
@@ -142,6 +155,7 @@ class TaskProgress:
         run: RunProgressRef | None = None,
         min_interval_s: float = 2.0,
         log_every_s: float = 10.0,
+        heartbeat_s: float = HEARTBEAT_S,
     ):
         self.logger = logger
         self.label = label
@@ -156,11 +170,46 @@ class TaskProgress:
         self._final_logged: tuple[int, int, int] | None = None
         self._stage: str | None = None
         self.last: Progress | None = None
+        self.heartbeat_s = heartbeat_s
+        self._started = self._last_report = time.monotonic()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
 
-    def start(self, total: int) -> None:
-        self.own.create(0.0, describe(0, total, self.unit, 0.0, None))
+    def start(self, total: int | None = None) -> None:
+        """Create the artifact now, at 0% (`total` unknown yet: it says the step started)."""
+        text = describe(0, total, self.unit, 0.0, None) if total is not None else f"{self.label}: started"
+        self.own.create(0.0, text)
+
+    def __enter__(self) -> TaskProgress:
+        self.start()
+        # The beat runs in the task's context (settings, run logger), copied into its thread.
+        context = contextvars.copy_context()
+        self._beat = threading.Thread(target=context.run, args=(self._heartbeat,), daemon=True, name="progress-beat")
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=10)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(self.heartbeat_s, 1.0)):
+            if time.monotonic() - self._last_report >= self.heartbeat_s:
+                self.still_working()
+
+    def still_working(self) -> None:
+        """The last figures (or `started`) with the time since the start: the step is alive, not stuck."""
+        now = time.monotonic()
+        self._last_report = now
+        p = self.last
+        figures = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s) if p else "no figures yet"
+        text = f"{figures}; working for {format_eta(now - self._started)}"
+        self.own.update(100 * p.fraction if p else 0.0, text, force=True)
+        self.logger.info("%s %s %s", self.label, text_bar(p.fraction if p else 0.0), text)
 
     def __call__(self, p: Progress) -> None:
+        self._last_report = time.monotonic()
         self.last = p
         self._stage = self._stage or p.stage
         final = p.total > 0 and p.done >= p.total
@@ -220,7 +269,7 @@ STAGE_ARTIFACTS = {
     "extract": ["extract-progress", "extract-shards", "extract-failed-shards", "extract-summary"],
     "convert": ["convert-progress"],
     "train": ["train-progress", "train-metrics", "train-curves"],
-    "export": ["export"],
+    "export": ["export-progress", "export"],
     "evaluate": ["evaluate-progress", "evaluation", "promotion"],
 }
 

@@ -18,6 +18,7 @@ def convert_task(config: PipelineConfig) -> ConvertResult:
     """Build what training reads from the store. Deterministic, so never retried."""
     logger = get_run_logger()
     report = TaskProgress(logger, "convert", key=run_key(config.run_dir, "convert-progress"), unit="samples")
-    result = convert(config, RunStore(config.run_dir), report)
+    with report:
+        result = convert(config, RunStore(config.run_dir), report)
     logger.info("convert: %s", result)
     return result

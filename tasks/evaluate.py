@@ -114,9 +114,10 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
     offline = previous_offline(config, len(prompts))
     if offline is None:
-        offline = evaluate_offline(
-            ev, run_dir, model, run_dir / "train", prompts=prompts, device=config.server.device, progress=report
-        )
+        with report:
+            offline = evaluate_offline(
+                ev, run_dir, model, run_dir / "train", prompts=prompts, device=config.server.device, progress=report
+            )
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
     logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)
@@ -126,10 +127,11 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
         live_report = TaskProgress(
             logger, "evaluate-live", key=run_key(config.run_dir, "evaluate-live-progress"), unit="requests"
         )
-        live = evaluate_live(
-            prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir, server=config.server,
-            evaluate=ev, base_env=server_env(), progress=live_report,
-        )  # fmt: skip
+        with live_report:  # launching two SGLang servers is minutes of silence otherwise
+            live = evaluate_live(
+                prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir,
+                server=config.server, evaluate=ev, base_env=server_env(), progress=live_report,
+            )  # fmt: skip
     goes_on = f" {NOT_FAILING}" if live.flag and not ev.fail_on_slowdown else ""
     (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on)
     summary = EvalSummary(offline=offline, live=live)

@@ -4,6 +4,7 @@ Each checkpoint gets its own directory under `<run_dir>/draft/exports/`; `draft/
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -11,8 +12,9 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
 from eagle3.export import ExportResult, export_draft, sglang_args
+from eagle3.progress import Progress
 from eagle3.promote import current_link, export_dir_for, latest_link, point
-from tasks.artifacts import markdown_artifact, run_key
+from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 
 EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for an 8B target's draft)
 
@@ -30,7 +32,10 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     logger = get_run_logger()
     run_dir, train_dir = Path(config.run_dir), Path(config.run_dir) / "train"
     out = export_dir_for(run_dir, train_dir)
-    result = export_draft(train_dir, run_dir, Path(model_dir), out, speculative_tokens=config.evaluate.draft_steps)
+    start = time.monotonic()
+    with TaskProgress(logger, "export", key=run_key(config.run_dir, "export-progress"), unit="drafts") as report:
+        result = export_draft(train_dir, run_dir, Path(model_dir), out, speculative_tokens=config.evaluate.draft_steps)
+        report(Progress("export", 1, 1, 0, time.monotonic() - start))
     point(latest_link(run_dir), out)
     logger.info("export: %s %s (step %s)", "unchanged" if result.skipped else "wrote", out, result.checkpoint_step)
     for note in result.notes:

@@ -35,7 +35,7 @@ from eagle3.lease import ShardLease, ShardLeaseLostError
 from eagle3.lock import RunLockedError, RunLockLostError
 from eagle3.progress import Progress, ProgressFn
 from eagle3.store import RunInfo, RunStore, ShardManifest
-from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress
+from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress, run_key
 from tasks.extract_hold import check_lock, shard_lease
 from tasks.extract_plan import (
     ExtractPlan,
@@ -163,7 +163,7 @@ def extract_shard_task(
     if info is None:
         raise FileNotFoundError(f"{store.run_json} missing; the open-run task writes it before any shard")
     check_lock(config.run_dir)
-    report = shard_report(logger, shard, progress)
+    report = ShardReport(logger, config.run_dir, shard, progress)
     if shard_is_complete(store, shard, info):
         return skipped(store, shard, report, "skipped")
     lease = shard_lease(config, shard)
@@ -177,7 +177,7 @@ def extract_shard_task(
             raise ShardStillLeased(f"shard {shard}: still leased by {who} after {SHARD_TIMEOUT_S} s; run again later")
         logger.info("shard %d: leased by another run (%s); this flow run comes back to it at the end", shard, who)
         return Completed(name=LEASED, data=result_of(None, shard, "leased", 0.0, holder=who))
-    with lease:
+    with lease, report:
         if lease.took_over is not None:
             logger.warning("shard %d: took over a stale lease (%s)", shard, lease.took_over.describe())
         if shard_is_complete(store, shard, info):  # completed by another run between the two looks
@@ -234,17 +234,27 @@ def extract_leased_shard(
     return result_of(manifest, shard, "complete", seconds, server=server.label)
 
 
-def shard_report(logger: Any, shard: int, progress: RunProgressRef | None) -> ProgressFn:
-    """The shard's own progress artifact and log lines, and its share of the flow run's progress."""
-    own = TaskProgress(logger, f"shard {shard}")
-    board = RunProgressBoard.of(progress, logger) if progress is not None else None
+class ShardReport:
+    """The shard's own progress artifact (`<run>-extract-shard-NNNNN-progress`) and log lines, and its share of
+    the flow run's progress. As a context manager around the extraction, it keeps the shard visibly alive while
+    no sample finishes (a server starting, one long sample): TaskProgress's heartbeat."""
 
-    def report(p: Progress) -> None:
-        own(p)
-        if board is not None:
-            board.report(shard, p)
+    def __init__(self, logger: Any, run_dir: str, shard: int, progress: RunProgressRef | None):
+        self.shard = shard
+        self.own = TaskProgress(logger, f"shard {shard}", key=run_key(run_dir, f"extract-shard-{shard:05d}-progress"))
+        self.board = RunProgressBoard.of(progress, logger) if progress is not None else None
 
-    return report
+    def __call__(self, p: Progress) -> None:
+        self.own(p)
+        if self.board is not None:
+            self.board.report(self.shard, p)
+
+    def __enter__(self) -> ShardReport:
+        self.own.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.own.__exit__(*exc)
 
 
 def skipped(store: RunStore, shard: int, report: ProgressFn, status: ShardOutcome, holder: str = "") -> State:

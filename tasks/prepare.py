@@ -23,7 +23,8 @@ def prepare_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
     logger = get_run_logger()
     report = TaskProgress(logger, "prepare", key=run_key(config.run_dir, "prepare-progress"), unit="rows")
     before = RunStore(config.run_dir).read_prepared_manifest()
-    manifest = prepare(config, RunStore(config.run_dir), Path(model_dir), report)
+    with report:
+        manifest = prepare(config, RunStore(config.run_dir), Path(model_dir), report)
     logger.info(
         "prepared %d samples (%d tokens, %d loss tokens) in %d shards under %s; %d bad rows, %d duplicates",
         manifest.num_samples,

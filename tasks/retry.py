@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
+from eagle3.progress import Progress
 from eagle3.retry import plan_retry_samples
 from eagle3.store import RunStore
-from tasks.artifacts import run_key, table_artifact
+from tasks.artifacts import TaskProgress, run_key, table_artifact
 
 PLAN_TIMEOUT_S = 30 * 60  # a header check of every sample file of the shards that need it
 
@@ -33,7 +35,11 @@ def run_config_task(run_dir: str) -> PipelineConfig:
 def plan_retry_task(config: PipelineConfig, shards: list[int] | None = None) -> list[int]:
     """The shards to redo: failed, partial, left running by a killed run, or complete on paper with files
     missing (with `shards`: exactly those that miss something). Table artifact: shard, samples to redo."""
-    plan = plan_retry_samples(RunStore(config.run_dir), shards)
+    key = run_key(config.run_dir, "retry-plan-progress")
+    start = time.monotonic()
+    with TaskProgress(get_run_logger(), "plan-retry", key=key, unit="shards") as report:  # reads file headers
+        plan = plan_retry_samples(RunStore(config.run_dir), shards)
+        report(Progress("plan-retry", len(plan), len(plan), 0, time.monotonic() - start))
     rows = [{"shard": s, "samples to redo": len(ids), "first": ", ".join(ids[:3])} for s, ids in plan.items()]
     table_artifact(
         run_key(config.run_dir, "retry-plan"),

@@ -161,7 +161,11 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     nproc = config.train.nproc
     cmd = torchrun_command(out / "job.json", nproc)
     logger.info("train: %s (log: %s)", " ".join(cmd), out / "train.log")
-    with hold_gpus(nproc), TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc)) as proc:
+    with (
+        reporter.progress,
+        hold_gpus(nproc),
+        TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc)) as proc,
+    ):
         for line in proc.lines():
             # the worker's own progress lines stay in train.log: TaskProgress logs the same, with a bar
             if line.strip() and not line.startswith(('{"result"', "train: ")):

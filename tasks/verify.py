@@ -39,7 +39,8 @@ def verify_task(run_dir: str, full: bool = True, shards: list[int] | None = None
     Takes the run lock, so it refuses while a run writes the store. Table artifact: one row per shard."""
     logger = get_run_logger()
     progress = TaskProgress(logger, "verify", key=run_key(run_dir, "verify-progress"))
-    report = verify_run(RunStore(run_dir), full=full, shards=shards, report=progress)
+    with progress:
+        report = verify_run(RunStore(run_dir), full=full, shards=shards, report=progress)
     table_artifact(run_key(run_dir, "verify"), [s.row() for s in report.shards], report.summary())
     (logger.error if report.bad_count else logger.info)("%s", report.summary())
     return VerifySummary(

@@ -49,7 +49,7 @@ def test_a_pipeline_killed_mid_synthesize_reruns_only_the_missing_samples_throug
                            "max_total_tokens": 8192},
                 "extract": {"window": 2},
             }
-        )  # fmt: skip
+        )
     )
     cfg = load_config(path)
     store = RunStore(cfg.run_dir)

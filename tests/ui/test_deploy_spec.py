@@ -5,6 +5,7 @@ the crash automation refuses a window shorter than two heartbeats."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import uuid
 from pathlib import Path
@@ -82,3 +83,86 @@ def test_the_crash_automation_needs_at_least_two_heartbeats() -> None:
     assert d.crash_automation(30, 150).trigger.within.total_seconds() == 150
     with pytest.raises(d.SpecError, match="at least two heartbeats"):
         d.crash_automation(30, 45)
+
+
+def deployment_forms() -> list[tuple[str, dict[str, Any], Any, dict[str, Any]]]:
+    """(name, spec entry, form schema, form parameters) of every deployment in deploy/prefect.yaml."""
+    from prefect.flows import load_flow_from_entrypoint
+
+    d = deployments_module()
+    forms = []
+    for entry in d.load_spec()["deployments"]:
+        flow: Any = load_flow_from_entrypoint(str(REPO / entry["entrypoint"]))
+        params = d.form_parameters(d.full_parameters(flow.fn, entry.get("parameters"), entry["name"]), entry)
+        forms.append((entry["name"], entry, d.form_schema(flow, entry), params))
+    return forms
+
+
+def visible_fields(schema: Any) -> list[tuple[str, dict[str, Any]]]:
+    """(dotted name, schema) of every field the form renders: top-level parameters and, through `$ref`s (also
+    list items), the fields of the config sections."""
+    out: list[tuple[str, dict[str, Any]]] = []
+
+    def walk(prefix: str, props: dict[str, Any]) -> None:
+        for name, prop in props.items():
+            out.append((prefix + name, prop))
+            ref = prop.get("$ref") or prop.get("items", {}).get("$ref")
+            if ref:
+                walk(f"{prefix}{name}.", schema.definitions[ref.split("/")[-1]]["properties"])
+
+    walk("", schema.properties)
+    return out
+
+
+def test_every_parameter_of_every_deployment_has_a_title_and_a_description() -> None:
+    for name, _, schema, _ in deployment_forms():
+        for field, prop in visible_fields(schema):
+            assert prop.get("title"), f"{name}: {field} has no title"
+            assert "_" not in prop["title"], f"{name}: {field} is titled with its raw name {prop['title']!r}"
+            assert (prop.get("description") or "").strip(), f"{name}: {field} has no description"
+        for param, prop in schema.properties.items():  # no "Property is type None" for a parameter left as is
+            assert {"type": "null"} not in prop.get("anyOf", []), f"{name}: parameter {param} defaults to None"
+
+
+def test_every_form_requires_its_own_run_dir_and_starts_without_one() -> None:
+    forms = [(n, s, p) for n, _, s, p in deployment_forms() if "config" in s.properties]
+    assert {n for n, _, _ in forms} == {"pipeline", "extract", "extract-fanout", "extract-node", "convert", "train"}
+    for name, schema, params in forms:
+        config = schema.definitions["PipelineConfig"]
+        assert "run_dir" in config["required"] and "default" not in config["properties"]["run_dir"], name
+        assert "run_dir" not in params["config"], f"{name}: the form would start with a run directory"
+
+
+def test_each_form_shows_only_the_config_its_stages_read() -> None:
+    shown = {n: set(s.definitions["PipelineConfig"]["properties"]) for n, _, s, _ in deployment_forms() if
+             "config" in s.properties}  # fmt: skip
+    assert shown["pipeline"] == {"run_dir", "model", "data_dir", "stages", "data", "synthesize", "server", "extract",
+                                 "disk"}  # fmt: skip
+    assert shown["extract"] == {"run_dir", "model", "data_dir", "server", "extract", "disk"}
+    assert shown["train"] >= {"train", "evaluate"} and not shown["train"] & {"data", "synthesize", "extract"}
+    assert shown["convert"] == {"run_dir", "model", "data_dir", "train"}
+
+
+def doc_deployments() -> set[tuple[str, str]]:
+    """(`flow/deployment`, entrypoint) of every row of docs/gpu-node.md's deployment table."""
+    rows = set()
+    for line in (REPO / "docs" / "gpu-node.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and re.fullmatch(r"`[\w-]+/[\w-]+`", cells[0]) and cells[1].endswith("`"):
+            rows.add((cells[0].strip("`"), cells[1].strip("`")))
+    return rows
+
+
+def test_the_deployments_in_the_docs_are_the_ones_in_prefect_yaml() -> None:
+    from prefect.flows import load_flow_from_entrypoint
+
+    d = deployments_module()
+    spec = set()
+    for entry in d.load_spec()["deployments"]:
+        flow: Any = load_flow_from_entrypoint(str(REPO / entry["entrypoint"]))
+        spec.add((f"{flow.name}/{entry['name']}", entry["entrypoint"]))
+    assert doc_deployments() == spec
+    readme = (REPO / "README.md").read_text()
+    listed = re.search(r"the deployments \(([^)]*)\)", " ".join(readme.split()))
+    assert listed is not None, "README: the `make serve` paragraph lists the deployments"
+    assert {n.strip() for n in listed.group(1).split(",")} == {name.split("/")[1] for name, _ in spec}

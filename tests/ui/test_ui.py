@@ -194,7 +194,7 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
     store.prepared_shard_path(1).write_bytes(good_shard_1)
 
     open_custom_run(page, "retry-failed", "retry-failed")
-    fill(page, "run_dir", str(run_dir))
+    fill(page, "Run Dir", str(run_dir))
     shot(page, "09-retry-form")
     submit_and_open_run(page)
     wait_for_state(page, "Completed")

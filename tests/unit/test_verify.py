@@ -67,7 +67,8 @@ def test_a_truncated_file_is_quarantined_marked_and_redone_alone(filled: tuple[R
     assert m is not None and m.status == "partial" and "s0-002" not in m.samples
     assert m.errors["s0-002"].startswith("verify: ") and len(m.samples) == 3
     assert plan_retry_samples(store) == {0: ["s0-002"]}
-    assert "eagle3 retry" in rep.summary()
+    assert "eagle3 retry" in rep.summary() and "run the retry-failed deployment" in rep.summary()
+    assert "bad: s0-002 (shard 0)" in rep.summary() and "to redo it," in rep.summary()
     assert redo(store, info, 0) == [["s0-002"]]
     assert verify_run(store).clean
 

@@ -1,0 +1,36 @@
+"""The parts of a failure report that need no server: which task an error went through (from its traceback),
+which stage that is, and the one thing to do, filled in for the run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eagle3.config import load_config
+from tasks.failure import advice, failed_task, first_error, stage_of
+
+
+def test_the_failed_task_is_read_from_the_errors_traceback(tmp_path: Path) -> None:
+    from tasks.model import resolve_model_task
+
+    with pytest.raises(Exception) as caught:
+        resolve_model_task.fn(load_config(None, [f"model={tmp_path / 'no-model'}"]))
+    assert failed_task(caught.value) == "model"
+    assert failed_task(RuntimeError("never raised")) is None and failed_task(None) is None
+
+
+def test_task_run_names_map_to_their_stage_and_its_advice() -> None:
+    assert stage_of("extract-shard") == "extract" and stage_of("prepare") == "prepare"
+    assert stage_of("plan-retry") == "plan-retry" and stage_of("something-else") == "something-else"
+    text = advice("extract", None, "data/runs/k2")
+    assert "`k2-extract-failed-shards`" in text and "retry-failed deployment with run_dir `data/runs/k2`" in text
+    locked = type("RunLockedError", (RuntimeError,), {})("held")  # advice goes by the error's class name
+    assert "Another run holds `data/runs/k2`" in advice(None, locked, "data/runs/k2")
+    assert "run the same deployment again" in advice(None, ValueError("x"), "r")
+
+
+def test_the_first_error_is_one_line_and_bounded() -> None:
+    assert first_error(ValueError("bad\n  row 3"), None) == "ValueError: bad row 3"
+    assert first_error(None, "shards [1] did not complete") == "shards [1] did not complete"
+    assert len(first_error(None, "x" * 10_000)) == 2000
