@@ -25,6 +25,7 @@ from eagle3.evaluate.live import (
     unsupported_reason,
 )
 from eagle3.server import ServerError
+from tests.ports import free_port
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]
 
@@ -140,7 +141,7 @@ def test_a_fake_sglang_that_fails_with_the_cpu_error_gives_unsupported_not_a_cra
         "echo 'ValueError: EAGLE is not supported in decode attention backend torch_native'\nexit 1\n"
     )
     python.chmod(0o755)
-    server = ServerConfig(engine="sglang", device="cpu", python=str(python), startup_timeout_s=30)
+    server = ServerConfig(engine="sglang", device="cpu", python=str(python), startup_timeout_s=30, port=free_port())
     result = evaluate_live(PROMPTS, draft_dir=draft_dir(tmp_path), model_dir=tmp_path, run_dir=tmp_path,
                            server=server, evaluate=EvaluateConfig(live="on"), base_env={})  # fmt: skip
     assert result.status == "unsupported" and result.plain is None
