@@ -127,7 +127,8 @@ def test_sigkill_of_the_flow_process_mid_extraction_ends_its_server_and_the_next
 
 
 def plant_orphan_record(path: Path, pid: int, like: ServerRecord) -> Path:
-    """A record of `pid` (leading its own group) by the dead owner of `like`."""
+    """A record of `pid` (leading its own group, running `sleep 1000`) by the dead owner of `like`."""
+    wait_for("the orphan's exec", lambda: procs.cmdline(pid) == ("sleep", "1000"), 30)
     keeper = procs.identity(pid)
     assert keeper is not None
     write_record(path, like.model_copy(update={"pgid": pid, "keeper": keeper, "server": None, "log": str(path)}))

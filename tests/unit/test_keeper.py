@@ -115,6 +115,13 @@ def test_sigkill_of_the_keeper_alone_takes_the_child_with_it(tmp_path: Path) -> 
         os.kill(p, signal.SIGKILL)
 
 
+def started_sleep() -> subprocess.Popen[bytes]:
+    """`sleep 1000` in a process group of its own, once it runs sleep (its command line before exec is ours)."""
+    proc = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    assert wait_until(lambda: procs.cmdline(proc.pid) == ("sleep", "1000"), 10)
+    return proc
+
+
 def _record(tmp_path: Path, keeper: procs.ProcIdentity, owner: procs.ProcIdentity) -> Path:
     path = tmp_path / "server" / "server.json"
     record = ServerRecord(
@@ -132,7 +139,7 @@ def dead_owner() -> procs.ProcIdentity:
 
 
 def test_a_record_left_by_a_dead_owner_stops_its_server_group(tmp_path: Path) -> None:
-    orphan = subprocess.Popen(["sleep", "1000"], start_new_session=True)  # a server whose keeper survived its owner
+    orphan = started_sleep()  # a server whose keeper survived its owner
     try:
         ident = procs.identity(orphan.pid)
         assert ident is not None
@@ -148,7 +155,7 @@ def test_a_record_left_by_a_dead_owner_stops_its_server_group(tmp_path: Path) ->
 
 def test_a_record_whose_pid_is_now_another_process_is_not_touched(tmp_path: Path) -> None:
     """The server was started by hand after the recorded one died and got its pid: the start time differs."""
-    other = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    other = started_sleep()
     try:
         ident = procs.identity(other.pid)
         assert ident is not None
@@ -165,7 +172,7 @@ def test_a_record_whose_pid_is_now_another_process_is_not_touched(tmp_path: Path
 
 
 def test_a_record_whose_owner_lives_is_left_alone(tmp_path: Path) -> None:
-    server = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    server = started_sleep()
     try:
         ident, me = procs.identity(server.pid), procs.identity(os.getpid())
         assert ident is not None and me is not None
@@ -189,7 +196,9 @@ def test_a_port_held_by_a_foreign_process_is_refused_naming_it_and_the_setting(t
         port = int(listener.stdout.readline())
         holders = procs.port_holders(port)
         assert [pid for pid, _ in holders] == [listener.pid] and "foreign-marker" in holders[0][1]
-        cfg = ServerConfig(engine="sglang", device="cpu", python=str(SGLANG_PYTHON), port=port)
+        cfg = ServerConfig.model_validate(
+            {"engine": "sglang", "device": "cpu", "python": str(SGLANG_PYTHON), "port": port}
+        )
         server = SGLangServer(cfg, tmp_path, dump_dir=None, layers=None, log_dir=tmp_path / "log", base_env={})
         server.port_free_wait_s = 1.0  # (a port of a server killed a moment ago is waited for 15 s)
         with pytest.raises(ServerError) as e:
