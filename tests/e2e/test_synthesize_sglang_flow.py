@@ -45,8 +45,13 @@ def test_a_pipeline_killed_mid_synthesize_reruns_only_the_missing_samples_throug
                 "stages": ["prepare", "synthesize", "extract"],
                 "data": {"dataset": str(DATASET), "max_samples": SAMPLES, "shard_size": 6, "max_length": 512},
                 "synthesize": {"max_new_tokens": 24, "concurrency": 4},
-                "server": {"engine": "sglang", "device": "cpu", "python": str(SGLANG_PYTHON), "port": port,
-                           "max_total_tokens": 8192},
+                "server": {
+                    "engine": "sglang",
+                    "device": "cpu",
+                    "python": str(SGLANG_PYTHON),
+                    "port": port,
+                    "max_total_tokens": 8192,
+                },
                 "extract": {"window": 2},
             }
         )
