@@ -146,6 +146,9 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
         unknown = sorted(set(shown or []) - set(props))
         if unknown:
             raise SpecError(f"{where}: config_form names keys PipelineConfig does not have: {unknown}")
+        hidden = sorted(set((d.get("parameters") or {}).get("config") or {}) - set(shown or props))
+        if hidden:  # a value the deployment sets (e.g. stages: [convert]) must reach the run: the form shows it
+            raise SpecError(f"{where}: config_form must show the config keys its parameters set: {hidden}")
         if shown:
             config["properties"] = props = {k: v for k, v in props.items() if k in shown}
             config.pop("additionalProperties", None)  # callers (extract-fanout) pass the whole config
@@ -155,8 +158,8 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
         for key, stages in SECTION_STAGES.items():
             if key in props:
                 section = schema.definitions[props[key]["$ref"].split("/")[-1]]
-                props[key]["title"] = f"{title_of(key)} · used by {stages}"
                 who = f"the stages {stages} read" if "," in stages else f"the {stages} stage reads"
+                props[key]["title"] = title_of(key)  # the label the UI gives it anyway: "Extract"
                 props[key]["description"] = (
                     f"{section.get('description', '')} Only {who} this section; its defaults suit a first run."
                 )

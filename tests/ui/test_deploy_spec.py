@@ -133,6 +133,23 @@ def test_every_form_requires_its_own_run_dir_and_starts_without_one() -> None:
         assert "run_dir" not in params["config"], f"{name}: the form would start with a run directory"
 
 
+def test_a_form_shows_every_config_key_its_deployment_sets() -> None:
+    forms = deployment_forms()
+    for name, entry, schema, params in forms:
+        given = (entry.get("parameters") or {}).get("config") or {}
+        assert set(given) <= set(schema.definitions.get("PipelineConfig", {}).get("properties", {})), name
+        assert set(given) <= set(params.get("config", {})), name  # e.g. convert's stages: [convert] reaches the run
+    convert = next(p for n, _, _, p in forms if n == "convert")
+    assert convert["config"]["stages"] == ["convert"]
+    d = deployments_module()
+    spec = {"name": "bad", "entrypoint": "flows/pipeline.py:pipeline", "config_form": ["run_dir"],
+            "parameters": {"config": {"stages": ["convert"]}}}  # fmt: skip
+    from prefect.flows import load_flow_from_entrypoint
+
+    with pytest.raises(d.SpecError, match=r"config_form must show the config keys its parameters set: \['stages'\]"):
+        d.form_schema(load_flow_from_entrypoint(str(REPO / spec["entrypoint"])), spec)
+
+
 def test_each_form_shows_only_the_config_its_stages_read() -> None:
     shown = {n: set(s.definitions["PipelineConfig"]["properties"]) for n, _, s, _ in deployment_forms() if
              "config" in s.properties}  # fmt: skip
@@ -140,7 +157,7 @@ def test_each_form_shows_only_the_config_its_stages_read() -> None:
                                  "disk"}  # fmt: skip
     assert shown["extract"] == {"run_dir", "model", "data_dir", "server", "extract", "disk"}
     assert shown["train"] >= {"train", "evaluate"} and not shown["train"] & {"data", "synthesize", "extract"}
-    assert shown["convert"] == {"run_dir", "model", "data_dir", "train"}
+    assert shown["convert"] == {"run_dir", "model", "data_dir", "stages", "train"}
 
 
 def doc_deployments() -> set[tuple[str, str]]:
