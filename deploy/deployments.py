@@ -167,12 +167,16 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
 
 
 def form_parameters(params: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
-    """The deployment's parameters as the form starts: without `config.run_dir` (the user names it) and
-    without the config keys the form does not show."""
+    """The deployment's parameters as the form starts: without `config.run_dir` (the user names it; unless the
+    spec itself gives one, as `grow` does with a `{model_sha}` template: its scheduled runs need it) and without
+    the config keys the form does not show."""
     if "config" not in params:
         return params
     shown = d.get("config_form")
-    config = {k: v for k, v in params["config"].items() if k != "run_dir" and (not shown or k in shown)}
+    own_run_dir = "run_dir" in ((d.get("parameters") or {}).get("config") or {})
+    config = {
+        k: v for k, v in params["config"].items() if (k != "run_dir" or own_run_dir) and (not shown or k in shown)
+    }
     return {**params, "config": config}
 
 

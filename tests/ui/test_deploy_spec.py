@@ -126,10 +126,14 @@ def test_every_parameter_of_every_deployment_has_a_title_and_a_description() -> 
 
 def test_every_form_requires_its_own_run_dir_and_starts_without_one() -> None:
     forms = [(n, s, p) for n, _, s, p in deployment_forms() if "config" in s.properties]
-    assert {n for n, _, _ in forms} == {"pipeline", "extract", "extract-fanout", "extract-node", "convert", "train"}
+    assert {n for n, _, _ in forms} == {"pipeline", "extract", "extract-fanout", "extract-node", "convert", "train",
+                                        "grow"}  # fmt: skip
     for name, schema, params in forms:
         config = schema.definitions["PipelineConfig"]
         assert "run_dir" in config["required"] and "default" not in config["properties"]["run_dir"], name
+        if name == "grow":  # its own store, one per model checkpoint: the scheduled runs need it
+            assert params["config"]["run_dir"] == "data/runs/traffic-{model_sha}"
+            continue
         assert "run_dir" not in params["config"], f"{name}: the form would start with a run directory"
 
 
