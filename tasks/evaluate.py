@@ -172,7 +172,9 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     markdown_artifact(
         run_key(config.run_dir, "evaluation"),
         evaluation_markdown(config, summary),
-        f"acceptance {offline.acceptance_length:.2f} offline" + (" - FLAGGED" if live.flag else ""),
+        ", ".join(f"{r.set_name} k={r.steps} {r.acceptance_length:.2f}" for r in offline.runs or [offline])
+        + " offline acceptance"
+        + (" - FLAGGED" if live.flag else ""),
     )
     return summary
 
