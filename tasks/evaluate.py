@@ -16,10 +16,13 @@ from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live
 from eagle3.evaluate.offline import (
+    OFFLINE_FORMAT,
     RESULT_FILE,
+    EvalPrompts,
     OfflineEvalResult,
+    PositionStats,
     evaluate_offline,
-    load_eval_prompts,
+    load_eval_sets,
     offline_dtype,
 )
 from eagle3.export import default_export_dir
@@ -41,19 +44,43 @@ class EvalSummary(BaseModel):
         return self.live.flag
 
 
+def rates_text(positions: list[PositionStats]) -> str:
+    return ", ".join(f"{p.rate:.2f}" if p.rate is not None else "-" for p in positions)
+
+
+def sets_table(off: OfflineEvalResult) -> list[str]:
+    """Every evaluation set at every chain length, side by side, then per category where a set has them."""
+    lines = [
+        "| set | kind | prompts | k | acceptance length | per position | identical to greedy |",
+        "|---|---|---:|---:|---:|---|---:|",
+    ]
+    for r in off.runs or [off]:
+        lines.append(f"| {r.set_name} | {r.set_kind} | {r.num_prompts} | {r.steps} | {r.acceptance_length:.3f} | "
+                     f"{rates_text(r.positions)} | {r.identical_to_greedy}/{r.num_prompts} |")  # fmt: skip
+    with_categories = [r for r in off.runs if r.categories]
+    if with_categories:
+        lines += ["", "| set | k | category | prompts | acceptance length | per position |"]
+        lines += ["|---|---:|---|---:|---:|---|"]
+        for r in with_categories:
+            lines += [f"| {r.set_name} | {r.steps} | {c.category} | {c.num_prompts} | {c.acceptance_length:.3f} | "
+                      f"{rates_text(c.positions)} |" for c in r.categories]  # fmt: skip
+    return lines
+
+
 def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
     off, live = s.offline, s.live
-    rates = ", ".join(f"{p.rate:.2f}" if p.rate is not None else "-" for p in off.positions)
     measured = live.eagle3 if live.status == "ok" and live.plain is not None else None
     lines = [
         "## Evaluation of the draft",
         "",
-        f"`{default_export_dir(Path(config.run_dir)).resolve()}`: {off.num_prompts} held-out prompts "
-        f"(`{config.evaluate.dataset}`), {off.max_new_tokens} new tokens, greedy, {off.steps}-token chain.",
+        f"`{default_export_dir(Path(config.run_dir)).resolve()}`: {off.max_new_tokens} new tokens, greedy; offline "
+        f"acceptance length = tokens per verify round (accepted drafts + 1), per set and chain length k.",
         "",
-        "| | acceptance length | per position | speed-up |",
+        *sets_table(off),
+        "",
+        f"| first set (`{off.set_name}`, k={off.steps}) | acceptance length | per position | speed-up |",
         "|---|---:|---|---:|",
-        f"| offline | {off.acceptance_length:.3f} | {rates} | {off.speedup:.2f}x |",
+        f"| offline | {off.acceptance_length:.3f} | {rates_text(off.positions)} | {off.speedup:.2f}x |",
     ]
     if measured is not None:
         lines.append(f"| live (SGLang, {live.device}) | {live.accept_length or 0:.3f} | | {live.speed_up or 0:.2f}x |")
@@ -77,18 +104,24 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
     return "\n".join(lines)
 
 
-def previous_offline(config: PipelineConfig, num_prompts: int) -> OfflineEvalResult | None:
-    """eval/offline.json when it measured this checkpoint with these settings, target dtype included (a re-run
-    does no work)."""
+def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> OfflineEvalResult | None:
+    """eval/offline.json when it measured this checkpoint with these settings, sets (names, sizes) and chain lengths
+    included, target dtype too (a re-run does no work)."""
     run_dir, ev = Path(config.run_dir), config.evaluate
     path = run_dir / RESULT_FILE
     if not path.is_file():
         return None
-    old = OfflineEvalResult.model_validate(read_json(path))
+    raw = read_json(path)
+    if raw.get("format") != OFFLINE_FORMAT:  # an older format: measured again
+        return None
+    old = OfflineEvalResult.model_validate(raw)
     info = RunInfo.model_validate(read_json(run_dir / "run.json"))
     dtype = offline_dtype(ev, config.server.device, info.dtype)
-    now = (str(resolve_checkpoint(run_dir / "train")), ev.draft_steps, ev.max_new_tokens, num_prompts, dtype)
-    return old if (old.checkpoint, old.steps, old.max_new_tokens, old.num_prompts, old.dtype) == now else None
+    ks = ev.chain_lengths()
+    want = [(s.name, len(s.ids), k) for s in sets for k in ks]
+    have = [(r.set_name, r.num_prompts, r.steps) for r in old.runs]
+    now = (str(resolve_checkpoint(run_dir / "train")), ev.max_new_tokens, dtype, want)
+    return old if (old.checkpoint, old.max_new_tokens, old.dtype, have) == now else None
 
 
 def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | None:
@@ -108,19 +141,20 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     logger = get_run_logger()
     run_dir, model = Path(config.run_dir), Path(model_dir)
     ev = config.evaluate
-    prompts = load_eval_prompts(
-        Path(ev.dataset), ChatTokenizer.from_model_dir(model, config.data), limit=ev.num_prompts
-    )
+    sets = load_eval_sets(ev, ChatTokenizer.from_model_dir(model, config.data))
+    prompts = sets[0].ids  # the live evaluation's prompts: the first set's
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
-    offline = previous_offline(config, len(prompts))
+    offline = previous_offline(config, sets)
     if offline is None:
         with report:
             offline = evaluate_offline(
-                ev, run_dir, model, run_dir / "train", prompts=prompts, device=config.server.device, progress=report
+                ev, run_dir, model, run_dir / "train", sets=sets, device=config.server.device, progress=report
             )
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
-    logger.info("evaluate: offline acceptance length %.3f (k=%d)", offline.acceptance_length, ev.draft_steps)
+    for r in offline.runs:
+        logger.info("evaluate: set %s (%s, %d prompts): offline acceptance length %.3f (k=%d)",
+                    r.set_name, r.set_kind, r.num_prompts, r.acceptance_length, r.steps)  # fmt: skip
     live = previous_live(config, len(prompts))
     if live is None:
         reap_orphan_servers(config.run_dir)  # the servers of a killed earlier evaluation, before ours launch
@@ -138,7 +172,9 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     markdown_artifact(
         run_key(config.run_dir, "evaluation"),
         evaluation_markdown(config, summary),
-        f"acceptance {offline.acceptance_length:.2f} offline" + (" - FLAGGED" if live.flag else ""),
+        ", ".join(f"{r.set_name} k={r.steps} {r.acceptance_length:.2f}" for r in offline.runs or [offline])
+        + " offline acceptance"
+        + (" - FLAGGED" if live.flag else ""),
     )
     return summary
 

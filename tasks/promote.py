@@ -9,8 +9,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.model_files import sha256_file
-from eagle3.promote import Decision, EvalRecord, EvalSet, latest_link, pointed, promote
+from eagle3.evaluate.offline import OfflineEvalResult, dataset_sha256
+from eagle3.promote import Decision, EvalRecord, EvalSet, SetRecord, latest_link, pointed, promote
 from tasks.artifacts import markdown_artifact, run_key
 from tasks.evaluate import EvalSummary
 from tasks.export import serve_command
@@ -22,15 +22,18 @@ PROMOTE_TIMEOUT_S = 5 * 60  # hashes the evaluation set, writes two small files 
 def eval_record(config: PipelineConfig, s: EvalSummary) -> EvalRecord:
     off, live = s.offline, s.live
     live_ok = live.status == "ok" and live.speed_up is not None
+    hashes = {c.name: dataset_sha256(c) for c in config.evaluate.eval_sets()}
+
+    def eval_set(r: OfflineEvalResult) -> EvalSet:
+        return EvalSet(dataset_sha256=hashes.get(r.set_name, ""), num_prompts=r.num_prompts,
+                       max_new_tokens=r.max_new_tokens, draft_steps=r.steps, offline_dtype=r.dtype)  # fmt: skip
+
     return EvalRecord(
-        eval_set=EvalSet(
-            dataset_sha256=sha256_file(Path(config.evaluate.dataset)),
-            num_prompts=off.num_prompts,
-            max_new_tokens=off.max_new_tokens,
-            draft_steps=off.steps,
-            offline_dtype=off.dtype,
-        ),
+        eval_set=eval_set(off),
         acceptance_length=off.acceptance_length,
+        sets=[
+            SetRecord(name=r.set_name, eval_set=eval_set(r), acceptance_length=r.acceptance_length) for r in off.runs
+        ],
         live_speed_up=live.speed_up if live_ok else None,
         live_device=live.device if live_ok else None,
         flagged=live.flag,

