@@ -402,7 +402,9 @@ class RunLock(HeldFile):
             raise RuntimeError(f"{self.path}: this RunLock is already held")
         deadline = time.monotonic() + self.wait_s
         while not self.try_acquire():
-            state = self.state() or LockState(None, 0.0, None, self.ttl_s)
+            state = self.state()
+            if state is None:
+                continue  # the holder released between our attempt and this look: try again
             shared_holder = state.owner is not None and not state.owner.exclusive
             if self.owner.exclusive or not shared_holder or time.monotonic() > deadline:
                 raise RunLockedError(self.path, state, self.ttl_s)
