@@ -189,7 +189,7 @@ def test_cooperating_shared_holders_that_come_and_go_never_refuse_each_other(tmp
             for _ in range(30):
                 with RunLock(tmp_path, exclusive=False, wait_s=30.0, purpose="open-run"):
                     time.sleep(0.001)
-        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+        except BaseException as e:  # collected and asserted below
             errors.append(e)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
