@@ -5,6 +5,10 @@ skips what is already done, so a killed run continues where it stopped.
 
     python bench/quality_run.py --root /tmp/q --train-prompts 3000 --heldout 50 --epochs 6     # on a GPU
     python bench/quality_run.py --root /tmp/q --train-prompts 40 --heldout 4 --tiny               # CPU smoke test
+    python bench/quality_run.py --root /tmp/q8 --reuse-data /tmp/q --store-dtype float8_e4m3 ...   # same data, FP8
+
+Evaluates the held-out template prompts and every `--eval-set NAME=PATH` (default: the varied set,
+data/eval_varied_prompts.jsonl), each on the same checkpoint, per position and per category.
 
 Prints one JSON line per stage (seconds, counts) and a final table.
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,7 @@ from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
 from eagle3.convert import convert
 from eagle3.engines import build_engine
-from eagle3.evaluate.offline import load_eval_prompts, offline_acceptance, write_offline_result
+from eagle3.evaluate.offline import load_eval_set, offline_sets, write_offline_result
 from eagle3.extract import extract_shard, open_run
 from eagle3.model_files import resolve_model
 from eagle3.prepare import prepare
@@ -73,10 +78,33 @@ def main() -> None:
     ap.add_argument("--synth-batch", type=int, default=256, help="prompts generated together (GPU)")
     ap.add_argument("--checkpoint-every", type=int, default=200, help="steps; a killed run resumes from the last")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke test: fp32, dense attention, few steps")
-    ap.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"],
-                    help="extract.store_dtype (issue #19: run twice, same seed and prompts, and compare)")
+    ap.add_argument(
+        "--store-dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float8_e4m3"],
+        help="extract.store_dtype (issue #19: run twice, same seed and prompts, and compare)",
+    )
+    ap.add_argument(
+        "--reuse-data",
+        type=Path,
+        default=None,
+        help="another root whose prompts, prepared and synthesized data this run takes (same data)",
+    )
+    ap.add_argument(
+        "--eval-set",
+        action="append",
+        default=None,
+        metavar="NAME=PATH",
+        help="an extra evaluation set (chat rows); default: varied=data/eval_varied_prompts.jsonl",
+    )
     args = ap.parse_args()
     root: Path = args.root
+    if args.reuse_data is not None:
+        for part in ("prompts", "run/prepared", "run/synthesized"):
+            if not (root / part).exists() and (args.reuse_data / part).exists():
+                shutil.copytree(args.reuse_data / part, root / part)
+    repo = Path(__file__).resolve().parents[1]
+    extra_sets = [s.split("=", 1) for s in (args.eval_set or [f"varied={repo / 'data/eval_varied_prompts.jsonl'}"])]
     write(root / "prompts" / "train.jsonl", build(TEMPLATES, TOPICS, args.train_prompts, seed=0))
     write(root / "prompts" / "heldout.jsonl", build(TEMPLATES, HELDOUT_TOPICS, args.heldout, seed=1))
     cuda = torch.cuda.is_available() and not args.tiny
@@ -127,15 +155,26 @@ def main() -> None:
         results["train_steps"], results["train_last"] = r.step, r.last_metrics
     with stage("evaluate", results):
         chat = ChatTokenizer.from_model_dir(model_dir)
-        prompts = load_eval_prompts(Path(cfg.evaluate.dataset), chat, limit=cfg.evaluate.num_prompts)
-        ev = offline_acceptance(model_dir, out, Path(cfg.run_dir), prompts, steps=cfg.evaluate.draft_steps,
-                                max_new_tokens=cfg.evaluate.max_new_tokens, device=cfg.server.device,
-                                progress=printer())  # fmt: skip
+        sets = [load_eval_set("held-out", cfg.evaluate.dataset, chat, limit=cfg.evaluate.num_prompts, kind="template")]
+        sets += [load_eval_set(name, path, chat, kind=name) for name, path in extra_sets]
+        ev = offline_sets(
+            model_dir, out, Path(cfg.run_dir), sets, chain_lengths=[cfg.evaluate.draft_steps],
+            max_new_tokens=cfg.evaluate.max_new_tokens, device=cfg.server.device, progress=printer(),
+        )  # fmt: skip
         write_offline_result(Path(cfg.run_dir), ev)
-        results["acceptance_length"] = round(ev.acceptance_length, 3)
-        results["position_rates"] = [None if p.rate is None else round(p.rate, 3) for p in ev.positions]
-        results["identical_to_greedy"] = f"{ev.identical_to_greedy}/{ev.num_prompts}"
-        results["offline_speedup"] = round(ev.speedup, 3)
+        results["sets"] = {
+            r.set_name: {
+                "prompts": r.num_prompts,
+                "acceptance_length": round(r.acceptance_length, 3),
+                "position_rates": [None if p.rate is None else round(p.rate, 3) for p in r.positions],
+                "identical_to_greedy": f"{r.identical_to_greedy}/{r.num_prompts}",
+                "offline_speedup": round(r.speedup, 3),
+            }
+            for r in ev.runs
+        }
+        results["acceptance_length"] = results["sets"]["held-out"]["acceptance_length"]
+        results["position_rates"] = results["sets"]["held-out"]["position_rates"]
+        results["offline_speedup"] = results["sets"]["held-out"]["offline_speedup"]
     print(json.dumps({"result": results}), flush=True)
     last = results["train_last"]
     k = cfg.evaluate.draft_steps
@@ -144,6 +183,11 @@ def main() -> None:
     print(f"| {results['samples']} | {results['tokens']} | {results['train_steps']} | {last.get('loss', 0):.3f} | "
           f"{last.get('step_acc', [0])[0]:.3f} | {results['acceptance_length']} | {results['position_rates']} | "
           f"{results['offline_speedup']} |")  # fmt: skip
+    print(f"\n| store dtype | set | prompts | acceptance (k={k}) | per-position | identical to greedy |")
+    print("|---|---|---:|---:|---|---:|")
+    for name, r in results["sets"].items():
+        print(f"| {args.store_dtype} | {name} | {r['prompts']} | {r['acceptance_length']} | {r['position_rates']} | "
+              f"{r['identical_to_greedy']} |")  # fmt: skip
 
 
 if __name__ == "__main__":
