@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -137,7 +138,7 @@ def main() -> None:
         manifest = synthesize(cfg, store, model_dir, printer())
         results["samples"], results["tokens"] = manifest.num_samples, manifest.num_tokens
     with stage("extract", results):
-        engine = build_engine(cfg, model_dir)
+        engine = build_engine(cfg, model_dir, base_env=os.environ)
         info = open_run(cfg, store, model_dir, engine.info)
         for shard in range(len(manifest.shards)):
             m = extract_shard(store, shard, engine, info, printer())

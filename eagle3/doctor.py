@@ -77,14 +77,14 @@ class DoctorReport:
 def run_doctor(
     cfg: PipelineConfig,
     *,
-    base_env: Mapping[str, str] | None = None,
+    base_env: Mapping[str, str],
     launch: bool = True,
     parity_max_gb: float = 16.0,
     min_free_gb: float = 10.0,
 ) -> DoctorReport:
     """Every check runs even when an earlier one failed, unless it needs what failed."""
     report = DoctorReport()
-    env = dict(os.environ) if base_env is None else dict(base_env)
+    env = dict(base_env)  # the caller's (the CLI passes os.environ): the server launched here starts from it
     model_dir = _check_model(cfg, report)
     _check_environment(cfg, report, env)
     layers = _check_layers(cfg, report, model_dir) if model_dir else None

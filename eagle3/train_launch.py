@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,11 @@ def torchrun_command(job_path: Path, nproc: int, *, python: str = sys.executable
             "--nproc_per_node", str(nproc), "-m", "eagle3.train_worker", str(job_path)]  # fmt: skip
 
 
-def train_env(nproc: int, base: dict[str, str] | None = None) -> dict[str, str]:
+def train_env(nproc: int, base: Mapping[str, str]) -> dict[str, str]:
     """The workers' environment: unbuffered output (or the log arrives at exit), and a CPU thread share
-    per worker (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl)."""
-    env = dict(os.environ if base is None else base)
+    per worker (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl). `base`: the caller's
+    environment (the train task passes its os.environ), which the workers inherit."""
+    env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     return env

@@ -9,6 +9,7 @@ the next run resumes from the last atomic checkpoint. A finished training is not
 from __future__ import annotations
 
 import base64
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     with (
         reporter.progress,
         hold_gpus(nproc),
-        TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc)) as proc,
+        TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc, os.environ)) as proc,
     ):
         for line in proc.lines():
             # the worker's own progress lines stay in train.log: TaskProgress logs the same, with a bar

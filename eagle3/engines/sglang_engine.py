@@ -63,10 +63,11 @@ def run_id_of(run_dir: Path) -> str:
 
 
 def build_sglang_engine(
-    cfg: PipelineConfig, model_dir: Path, base_env: Mapping[str, str] | None = None, on_line: LineFn | None = None
+    cfg: PipelineConfig, model_dir: Path, base_env: Mapping[str, str], on_line: LineFn | None = None
 ) -> SGLangEngine:
     """The engine for `server.engine: sglang`: dumps under extract.dump_dir (default <run_dir>/dump, the
-    store's filesystem, so moving a dump in is a rename), the server log under <run_dir>/server/."""
+    store's filesystem, so moving a dump in is a rename), the server log under <run_dir>/server/. `base_env`: the
+    environment a launched server starts from (the caller's: a task or the CLI reads os.environ, never this module)."""
     run_dir = Path(cfg.run_dir)
     dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else run_dir / "dump"
     if on_line is None:  # the server log, line by line, to a logger a Prefect task can forward
@@ -105,13 +106,18 @@ class SGLangEngine:
             engine_layer_convention=self.layers.convention,
         )
         self._owns_server = server is None  # a server passed in (tests, bench) is the caller's to stop
+        if server is None and base_env is None:
+            raise ValueError(
+                "SGLangEngine launches its own server here: pass base_env, the environment to launch it with (the "
+                "task or CLI passes its os.environ), or pass the server to use"
+            )
         self.server = server or SGLangServer(
             cfg.server,
             Path(model_dir),
             dump_dir=self.dump_dir,
             layers=self.layers,
             log_dir=Path(cfg.run_dir) / "server",
-            base_env=dict(os.environ) if base_env is None else base_env,
+            base_env=base_env or {},
             on_line=on_line,
         )
         self._started = False

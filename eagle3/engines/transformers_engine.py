@@ -26,7 +26,6 @@ from eagle3.sample_format import FP8_NAME, quantize_fp8
 from eagle3.store import DTYPES, PreparedSample
 
 CONVENTION = "hf_hidden_states"
-_MODELS: dict[tuple[str, str, str], Any] = {}  # (resolved path, device, dtype) -> loaded causal LM
 
 
 def resolve_device(device: str) -> torch.device:
@@ -37,14 +36,12 @@ def resolve_device(device: str) -> torch.device:
 
 
 def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
-    """AutoModelForCausalLM in eval mode, loaded once per process for each (path, device, dtype)."""
-    key = (str(Path(model_dir).resolve()), str(device), str(dtype))
-    if key not in _MODELS:
-        from transformers import AutoModelForCausalLM
+    """AutoModelForCausalLM in eval mode on `device`. No process-wide cache: the caller holds the weights as long
+    as it needs them (an engine until `close()`, which a flow's server pool calls when the flow is done)."""
+    from transformers import AutoModelForCausalLM
 
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        _MODELS[key] = model.to(device).eval()
-    return _MODELS[key]
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    return model.to(device).eval()
 
 
 def length_batches(samples: Sequence[PreparedSample], batch_tokens: int) -> list[list[PreparedSample]]:
@@ -149,7 +146,7 @@ class TransformersEngine:
             yield from pending.outcomes()
 
     def close(self) -> None:
-        self._model = None  # the per-process cache keeps the weights for the next shard
+        self._model = None  # the weights go with it; an engine is kept for every shard of a flow run (its pool)
 
     @torch.inference_mode()
     def launch(self, batch: Sequence[PreparedSample]) -> InFlight:

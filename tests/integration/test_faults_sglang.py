@@ -116,7 +116,7 @@ def test_a_request_timed_out_by_a_hung_scheduler_is_resent_and_the_late_attempt_
     victim = samples[2]
     store = RunStore(cfg.run_dir)
     write_prepared(store, demo_model, samples)
-    engine = build_sglang_engine(cfg, demo_model)  # launches and owns its server; close() stops it
+    engine = build_sglang_engine(cfg, demo_model, os.environ)  # launches and owns its server; close() stops it
     first, resend = engine.rid(victim, 0), engine.rid(victim, 1)
     assert first != resend
     hang: dict[str, Any] = {}
