@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
+from eagle3.engines.transformers_engine import LoadedModels
 from eagle3.extract import extract_shard, open_run
 from eagle3.fsio import atomic_write_bytes
 from eagle3.lease import ShardLease
@@ -110,7 +111,10 @@ class Servers:
 
     def __init__(self, cfg: PipelineConfig, model_dir: Path):
         self.specs: list[ServerSpec] = server_specs(cfg, host="bench")
-        self.engines: list[Engine] = [build_server_engine(s, model_dir, base_env=dict(os.environ)) for s in self.specs]
+        models = LoadedModels()  # transformers: the two engines share one copy of the weights, as a flow's pool does
+        self.engines: list[Engine] = [
+            build_server_engine(s, model_dir, base_env=dict(os.environ), models=models) for s in self.specs
+        ]
         self.free: queue.Queue[int] = queue.Queue()
 
     @property

@@ -15,12 +15,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3.config import PipelineConfig, ServerSlot
 from eagle3.engines import Engine, EngineInfo, Outcome, build_engine
 from eagle3.fsio import safe_name
 from eagle3.server import LineFn, SGLangServer
 from eagle3.store import PreparedSample
+
+if TYPE_CHECKING:
+    from eagle3.engines.transformers_engine import LoadedModels
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,15 @@ def device_of(cfg: PipelineConfig, slot: ServerSlot) -> str:
 
 
 def build_server_engine(
-    spec: ServerSpec, model_dir: Path, *, base_env: Mapping[str, str], on_line: LineFn | None = None
+    spec: ServerSpec,
+    model_dir: Path,
+    *,
+    base_env: Mapping[str, str],
+    on_line: LineFn | None = None,
+    models: LoadedModels | None = None,
 ) -> Engine:
-    """The engine of one server. Loading weights or launching happens on its first `extract`."""
+    """The engine of one server. Loading weights or launching happens on its first `extract`. `models`
+    (transformers): the weights this engine shares with the other engines of its pool."""
     cfg = spec.config
     if cfg.server.engine == "transformers":
         from eagle3.engines.transformers_engine import TransformersEngine
@@ -92,6 +102,7 @@ def build_server_engine(
             device=spec.device,
             dtype=cfg.server.dtype,
             batch_tokens=cfg.server.batch_tokens,
+            models=models,
         )
     if spec.dump_dir is None:  # the single-server layout
         if cfg.server.engine == "sglang":

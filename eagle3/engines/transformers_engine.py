@@ -12,6 +12,7 @@ before the device-to-host copy, so the copy and the writers move half the bytes.
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,11 +38,31 @@ def resolve_device(device: str) -> torch.device:
 
 def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
     """AutoModelForCausalLM in eval mode on `device`. No process-wide cache: the caller holds the weights as long
-    as it needs them (an engine until `close()`, which a flow's server pool calls when the flow is done)."""
+    as it needs them (see LoadedModels)."""
     from transformers import AutoModelForCausalLM
 
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     return model.to(device).eval()
+
+
+class LoadedModels:
+    """Causal LMs loaded once for whoever holds this object: the engines of one server pool on one device share one
+    copy of the weights. Not process-wide: the weights go when the holder calls `clear()` or lets go of it."""
+
+    def __init__(self) -> None:
+        self._models: dict[tuple[str, str, str], Any] = {}  # (resolved path, device, dtype) -> loaded causal LM
+        self._lock = threading.Lock()  # engines in several threads: one load, the others wait for it
+
+    def get(self, model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
+        key = (str(Path(model_dir).resolve()), str(device), str(dtype))
+        with self._lock:
+            if key not in self._models:
+                self._models[key] = load_causal_lm(model_dir, device, dtype)
+            return self._models[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._models.clear()
 
 
 def length_batches(samples: Sequence[PreparedSample], batch_tokens: int) -> list[list[PreparedSample]]:
@@ -75,7 +96,8 @@ def pad_right(batch: Sequence[PreparedSample]) -> tuple[torch.Tensor, torch.Tens
 
 class TransformersEngine:
     """Runs the target model in this process. The model loads on the first `extract` call, so a
-    caller can build the engine, read `info`, and skip finished shards without loading weights."""
+    caller can build the engine, read `info`, and skip finished shards without loading weights. Engines given the
+    same `models` share the weights (a server pool's engines); without it the engine loads its own."""
 
     def __init__(
         self,
@@ -86,6 +108,7 @@ class TransformersEngine:
         dtype: str = "bfloat16",
         batch_tokens: int = 8192,
         store_dtype: str = "bfloat16",
+        models: LoadedModels | None = None,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"server.dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -108,6 +131,7 @@ class TransformersEngine:
             engine_layer_ids=list(layers),  # this engine speaks HF indices natively
             engine_layer_convention=CONVENTION,
         )
+        self._models = models if models is not None else LoadedModels()
         self._model: Any = None
         self._copy_stream: torch.cuda.Stream | None = None
 
@@ -118,7 +142,7 @@ class TransformersEngine:
     def base_model(self) -> Any:
         """The decoder stack without the lm_head (LlamaModel for LlamaForCausalLM)."""
         if self._model is None:
-            self._model = load_causal_lm(self.model_dir, self.device, self.dtype)
+            self._model = self._models.get(self.model_dir, self.device, self.dtype)
         return self._model.base_model
 
     def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
@@ -146,7 +170,7 @@ class TransformersEngine:
             yield from pending.outcomes()
 
     def close(self) -> None:
-        self._model = None  # the weights go with it; an engine is kept for every shard of a flow run (its pool)
+        self._model = None  # `models` keeps the weights until its holder clears it (a server pool: when it closes)
 
     @torch.inference_mode()
     def launch(self, batch: Sequence[PreparedSample]) -> InFlight:
