@@ -1,6 +1,6 @@
 """The servers of this process's extraction (eagle3.servers), built once per config and lent to shard tasks.
 
-A flow run submits its shard tasks to a thread pool as wide as its server list (tasks/extract.py `run_shards`),
+A flow run submits its shard tasks to a thread pool as wide as its server list (tasks/extract/shards.py `run_shards`),
 so at most that many shard tasks run at once and `checkout()` always finds a server free: the pool only binds
 a running task to an idle server, it decides nothing about order. Engines are cheap to build (weights load and
 servers launch on first use), so a run whose shards are all complete never loads the model or starts a server.

@@ -34,7 +34,7 @@ from tasks.artifacts import (
     run_key,
     table_artifact,
 )
-from tasks.extract_plan import ExtractIncomplete, ExtractPlan, ExtractSummary, ShardResult
+from tasks.extract.plan import ExtractIncomplete, ExtractPlan, ExtractSummary, ShardResult
 
 REPORT_TIMEOUT_S = 10 * 60
 GB = 1e9
