@@ -1,1 +1,1 @@
-"""train: the EAGLE-3 trainer (trainer), its torchrun worker (worker), the launcher that runs it (launch), and its plots (plot)."""
+"""train: the EAGLE-3 trainer, its torchrun worker, the launcher that runs torchrun, and the plots."""
