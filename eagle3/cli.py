@@ -321,7 +321,7 @@ def print_lock(console: Console, run_dir: Path) -> None:
 def print_failed_shards(console: Console, store: RunStore, run_dir: Path) -> None:
     from rich.table import Table
 
-    from eagle3.retry import failed_shards
+    from eagle3.failed_shards import failed_shards
 
     failed = failed_shards(store)
     if not failed:

@@ -22,8 +22,8 @@ from prefect.states import Failed, State
 
 from eagle3.config import PipelineConfig
 from eagle3.disk import DiskBudgetError
+from eagle3.failed_shards import failed_shards
 from eagle3.progress import Progress
-from eagle3.retry import failed_shards
 from eagle3.store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import (
     ProgressArtifact,

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from eagle3.config import PipelineConfig
-from eagle3.servers import server_specs
+from eagle3.server_specs import server_specs
 
 
 def config(**server: object) -> PipelineConfig:
