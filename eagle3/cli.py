@@ -309,8 +309,7 @@ def cmd_status(run_dir: Path) -> int:
 
 
 def print_lock(console: Console, run_dir: Path) -> None:
-    from eagle3.lease import live_leases
-    from eagle3.lock import lock_state
+    from eagle3.lock import live_leases, lock_state
 
     state = lock_state(run_dir)
     console.print(f"lock: {state.describe()}" if state else "lock: free (no run holds this directory)")
