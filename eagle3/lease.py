@@ -115,4 +115,3 @@ class ShardLease(HeldFile):
         if self.under is not None and state.owner is not None and state.owner.token == self.under.owner.token:
             return None  # our own run's lock
         return state
-
