@@ -134,7 +134,7 @@ def main() -> None:
     with stage("prepare", results):
         prepare(cfg, store, model_dir, printer())
     with stage("synthesize", results):
-        manifest = synthesize(cfg, store, model_dir, printer())
+        manifest = synthesize(cfg, store, model_dir, printer()).manifest
         results["samples"], results["tokens"] = manifest.num_samples, manifest.num_tokens
     with stage("extract", results):
         engine = build_engine(cfg, model_dir)
