@@ -36,7 +36,7 @@ from eagle3.prepare import prepare
 from eagle3.progress import Progress
 from eagle3.store import RunStore
 from eagle3.synthesize import synthesize
-from eagle3.train import Trainer, TrainJob
+from eagle3.train.trainer import Trainer, TrainJob
 
 
 def printer(every_s: float = 15.0) -> Any:
