@@ -8,12 +8,11 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from tasks.extract.hold import run_lock
 from tasks.extract.plan import ExtractSummary
 from tasks.extract.report import extract_outcome, outcomes, report_extract_task
-from tasks.extract.servers import engine_session
 from tasks.extract.shards import disk_budget_task, open_run_task, run_shards
 from tasks.failure import reports_failure
+from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task, run_dir_task
 
 
@@ -35,10 +34,11 @@ def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     shared = config.extract.share_run_dir
-    with run_lock(config.run_dir, "extract", shared=shared, ttl_s=config.extract.lease_ttl_s) as hold, engine_session():
-        plan = open_run_task(config, model_dir)
+    ttl_s = config.extract.lease_ttl_s
+    with flow_context() as ctx, ctx.hold(config.run_dir, "extract", shared=shared, ttl_s=ttl_s) as hold:
+        plan = open_run_task(config, model_dir, ctx=ctx)
         hold.opened()
         disk_budget_task(config, plan)
-        results, failures = outcomes(run_shards(config, model_dir, plan))
+        results, failures = outcomes(run_shards(config, model_dir, plan, ctx))
         summary = report_extract_task(config, plan, failures, results)
     return extract_outcome(summary)

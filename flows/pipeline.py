@@ -9,8 +9,8 @@ from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
-from tasks.extract.servers import engine_session
 from tasks.failure import reports_failure
+from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task, run_dir_task
 from tasks.prepare import prepare_task
 from tasks.synthesize import synthesize_task
@@ -31,13 +31,13 @@ def pipeline(config: PipelineConfig) -> str | State:
     """
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once
-    with engine_session():  # one launch of each SGLang server for synthesize and extract; stopped after both
+    with flow_context() as ctx:  # one launch of each SGLang server for synthesize and extract; stopped after both
         if "prepare" in config.stages:
             prepare_task(config, model_dir)
         if "synthesize" in config.stages:
-            synthesize_task(config, model_dir)
+            synthesize_task(config, model_dir, ctx)
         if "extract" in config.stages:
-            extract_flow(config)
+            extract_flow(config)  # a subflow: its own context shares these servers (tasks/flow_context.py)
     if "convert" in config.stages:
         convert_task(config)
     return draft_stages(config, model_dir) or config.run_dir  # train, export, evaluate, the run summary

@@ -5,12 +5,11 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import State
 
-from tasks.extract.hold import run_lock
 from tasks.extract.plan import ExtractSummary
 from tasks.extract.report import extract_outcome, outcomes, report_extract_task
-from tasks.extract.servers import engine_session
 from tasks.extract.shards import disk_budget_task, open_run_task, run_shards
 from tasks.failure import reports_failure
+from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task
 from tasks.retry import plan_retry_task, run_config_task
 
@@ -31,11 +30,11 @@ def retry_failed_flow(run_dir: str, shards: tuple[int, ...] = ()) -> ExtractSumm
             failed or partial shard, and any with sample files missing.
     """
     config = run_config_task(run_dir)
-    with run_lock(run_dir, "retry", ttl_s=config.extract.lease_ttl_s), engine_session():
+    with flow_context() as ctx, ctx.hold(run_dir, "retry", ttl_s=config.extract.lease_ttl_s):
         todo = plan_retry_task(config, list(shards) or None)
         model_dir = resolve_model_task(config)
-        plan = open_run_task(config, model_dir, shards=todo)
+        plan = open_run_task(config, model_dir, ctx=ctx, shards=todo)
         disk_budget_task(config, plan)
-        results, failures = outcomes(run_shards(config, model_dir, plan))
+        results, failures = outcomes(run_shards(config, model_dir, plan, ctx))
         summary = report_extract_task(config, plan, failures, results)
     return extract_outcome(summary)

@@ -11,7 +11,7 @@ from eagle3.config import PipelineConfig
 from eagle3.store import PreparedManifest, RunStore
 from eagle3.synthesize import SynthesizeSummary, synthesize
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
-from tasks.extract.servers import server_pool
+from tasks.flow_context import FlowContext
 from tasks.server import reap_orphan_servers
 
 SYNTHESIZE_TIMEOUT_S = 48 * 3600  # the case study generated 10K conversations
@@ -22,11 +22,11 @@ class SynthesizeError(RuntimeError):
 
 
 @task(name="synthesize", retries=1, retry_delay_seconds=30, timeout_seconds=SYNTHESIZE_TIMEOUT_S, cache_policy=NO_CACHE)
-def synthesize_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
+def synthesize_task(config: PipelineConfig, model_dir: str, ctx: FlowContext) -> PreparedManifest:
     """Replace the prepared assistant turns with the target's own generations. Finished samples are kept by
     the library (one checkpoint each), so a retry or a re-run generates only the missing ones. With
     `server.engine: sglang` the requests go to the run's servers: the same ones its extraction uses (a
-    pipeline run opens them once, flows/pipeline.py). Samples that failed are a table artifact
+    pipeline run opens them once in its context `ctx`, flows/pipeline.py). Samples that failed are a table artifact
     (`<run>-synthesize-failed`) and are retried by the next run; with data.on_bad_row=fail the task then fails
     (after every other sample is done and stored), with `skip` the run goes on without them."""
     logger = get_run_logger()
@@ -34,7 +34,7 @@ def synthesize_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
     servers = None
     if config.server.engine == "sglang":
         reap_orphan_servers(config.run_dir)  # before this run's servers launch on the same ports
-        servers = server_pool(config, model_dir).sglang_servers()
+        servers = ctx.server_pool(config, model_dir).sglang_servers()
     result = synthesize(config, RunStore(config.run_dir), Path(model_dir), report, servers=servers)
     manifest, summary = result.manifest, result.summary
     logger.info(

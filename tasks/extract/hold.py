@@ -5,15 +5,16 @@ run_lock(run_dir, purpose, shared=False)   exclusive (default): the flow run hol
                                            shared (extract.share_run_dir): a guard held only until `opened()`
                                            (run.json written); other shared flow runs wait for it, then
                                            extract the same directory, shard by shard
-shard_lease(config, shard)                 the lease a shard task holds while it extracts (eagle3.lease)
-check_lock(run_dir)                        RunLockLostError when this process's exclusive lock was taken over
+shard_lease(config, shard, under=lock)     the lease a shard task holds while it extracts (eagle3.lease)
+
+A flow holds them through its FlowContext (tasks/flow_context.py: `ctx.hold()`, `ctx.check_lock()`,
+`ctx.shard_lease()`), which it passes to its shard tasks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from prefect import get_run_logger
 from prefect.runtime import flow_run
@@ -23,7 +24,6 @@ from eagle3.lease import ShardLease
 from eagle3.lock import RunLock
 
 OPEN_WAIT_S = 20 * 60  # a shared guard waits this long for another flow run's open-run (it hashes the model)
-_LOCKS: dict[str, RunLock] = {}  # resolved run_dir -> the exclusive lock this process's flow holds
 
 
 def heartbeat_of(ttl_s: float) -> float:
@@ -45,7 +45,8 @@ class RunHold:
 @contextmanager
 def run_lock(run_dir: str, purpose: str, *, shared: bool = False, ttl_s: float = 600.0) -> Iterator[RunHold]:
     """Hold `run_dir` for this flow run (RunLockedError when another live run holds it exclusively; a stale lock
-    is taken over). The lock heartbeats in its own thread; shard tasks call `check_lock()` before writing."""
+    is taken over). The lock heartbeats in its own thread; shard tasks check it (FlowContext.check_lock) before
+    writing."""
     lock = RunLock(
         run_dir,
         purpose="open-run" if shared else purpose,
@@ -55,28 +56,17 @@ def run_lock(run_dir: str, purpose: str, *, shared: bool = False, ttl_s: float =
         exclusive=not shared,
         wait_s=OPEN_WAIT_S if shared else 0.0,
     ).acquire()
-    key = str(Path(run_dir).resolve())
-    if not shared:
-        _LOCKS[key] = lock
     try:
         if lock.took_over is not None:
             get_run_logger().warning("%s: took over a stale lock (%s)", run_dir, lock.took_over.describe())
         yield RunHold(lock)
     finally:
-        if not shared:
-            _LOCKS.pop(key, None)
         lock.release()
 
 
-def check_lock(run_dir: str) -> None:
-    """Raise RunLockLostError when this process's lock on `run_dir` was taken over (no-op without one)."""
-    lock = _LOCKS.get(str(Path(run_dir).resolve()))
-    if lock is not None:
-        lock.check()
-
-
-def shard_lease(config: PipelineConfig, shard: int) -> ShardLease:
-    """The (not yet taken) lease on `shard`, under this process's exclusive lock on the run directory if any."""
+def shard_lease(config: PipelineConfig, shard: int, *, under: RunLock | None) -> ShardLease:
+    """The (not yet taken) lease on `shard`, under the flow run's exclusive lock on the run directory if it holds
+    one (`under`)."""
     ttl = config.extract.lease_ttl_s
     return ShardLease(
         config.run_dir,
@@ -84,5 +74,5 @@ def shard_lease(config: PipelineConfig, shard: int) -> ShardLease:
         flow_run_id=flow_run.get_id(),
         ttl_s=ttl,
         heartbeat_s=heartbeat_of(ttl),
-        under=_LOCKS.get(str(Path(config.run_dir).resolve())),
+        under=under,
     )

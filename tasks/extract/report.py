@@ -83,8 +83,9 @@ def completed_event(s: ExtractSummary) -> dict[str, Any]:
 
 # run progress over shards that run at once -----------------------------------------------------------------
 class RunProgressBoard:
-    """The run-level progress artifact of one flow run, fed by every shard task of this process at once:
-    done = the sum over shards, rate = samples worked here per second since the first report."""
+    """The run-level progress artifact of one flow run, fed by all its shard tasks at once (one board per flow run:
+    its FlowContext's `board()`): done = the sum over shards, rate = samples worked here per second since the first
+    report."""
 
     def __init__(self, ref: RunProgressRef, logger: Any):
         self.ref = ref
@@ -92,14 +93,6 @@ class RunProgressBoard:
         self.shards: dict[int, Progress] = {}
         self.start = time.monotonic()
         self._lock_self = threading.Lock()
-
-    @classmethod
-    def of(cls, ref: RunProgressRef, logger: Any) -> RunProgressBoard:
-        """The board of `ref`'s artifact in this process (one per flow run)."""
-        with _BOARDS_LOCK:
-            if ref.artifact_id not in _BOARDS:
-                _BOARDS[ref.artifact_id] = cls(ref, logger)
-            return _BOARDS[ref.artifact_id]
 
     def report(self, shard: int, p: Progress) -> None:
         with self._lock_self:
@@ -114,10 +107,6 @@ class RunProgressBoard:
         fraction = done / self.ref.total if self.ref.total else 1.0
         text = describe(done, self.ref.total, "samples", tokens / elapsed, eta)
         self.artifact.update(100 * fraction, text, force=final)
-
-
-_BOARDS: dict[str, RunProgressBoard] = {}
-_BOARDS_LOCK = threading.Lock()
 
 
 # the report task -------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""The servers of this process's extraction (eagle3.server_specs), built once per config and lent to shard tasks.
+"""The servers of a flow run's extraction (eagle3.server_specs), built once per config and lent to shard tasks.
 
 A flow run submits its shard tasks to a thread pool as wide as its server list (tasks/extract/shards.py `run_shards`),
 so at most that many shard tasks run at once and `checkout()` always finds a server free: the pool only binds
 a running task to an idle server, it decides nothing about order. Engines are cheap to build (weights load and
 servers launch on first use), so a run whose shards are all complete never loads the model or starts a server.
-`engine_session()` closes every engine (a launched SGLang server stops) when the flow is done with them.
+A flow run's pools are its FlowContext's `servers` (tasks/flow_context.py): the pipeline's synthesize and extract
+share them; `ServerPools.close()` closes every engine (a launched SGLang server stops) when the flow is done.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
@@ -24,17 +26,19 @@ from eagle3.server_specs import ServerSpec, build_server_engine, server_specs
 from eagle3.sglang_server import SGLangServer
 from tasks.server import server_env
 
-_POOLS: dict[str, ServerPool] = {}
-_POOLS_LOCK = threading.Lock()
+if TYPE_CHECKING:
+    from eagle3.engines.transformers_engine import LoadedModels
 
 
 class ServerPool:
-    """The engines of one (model, server list) in this process; one shard task at a time on each."""
+    """The engines of one (model, server list) of a flow run; one shard task at a time on each. Transformers
+    engines on one device share one copy of the weights (`models`), dropped when the pool closes."""
 
     def __init__(self, config: PipelineConfig, model_dir: Path):
         self.model_dir = model_dir
         self.specs = server_specs(config, host=socket.gethostname(), separate_dumps=config.extract.share_run_dir)
         self._engines: dict[int, Engine] = {}
+        self._models: LoadedModels | None = None
         self._build_lock = threading.Lock()
         self._free: queue.Queue[int] = queue.Queue()
         for spec in self.specs:
@@ -58,8 +62,19 @@ class ServerPool:
                     self.model_dir,
                     base_env=server_env(),  # the task is the edge: NCCL_*/CUDA_* of the worker pass through
                     on_line=server_log(spec.label),
+                    models=self._shared_models(spec),
                 )
             return self._engines[index]
+
+    def _shared_models(self, spec: ServerSpec) -> LoadedModels | None:
+        """The weights the pool's transformers engines share (imported only for that engine: it needs torch)."""
+        if spec.config.server.engine != "transformers":
+            return None
+        if self._models is None:
+            from eagle3.engines.transformers_engine import LoadedModels
+
+            self._models = LoadedModels()
+        return self._models
 
     @contextmanager
     def checkout(self) -> Iterator[tuple[ServerSpec, Engine]]:
@@ -86,8 +101,11 @@ class ServerPool:
     def close(self) -> None:
         with self._build_lock:
             engines, self._engines = list(self._engines.values()), {}
+            models, self._models = self._models, None
         for engine in engines:
             engine.close()
+        if models is not None:
+            models.clear()
 
 
 def server_log(label: str) -> Callable[[str], None]:
@@ -113,32 +131,28 @@ def pool_key(config: PipelineConfig, model_dir: str) -> str:
     )
 
 
-def server_pool(config: PipelineConfig, model_dir: str) -> ServerPool:
-    """The server pool for this config in this process, built on first use."""
-    key = pool_key(config, model_dir)
-    with _POOLS_LOCK:
-        if key not in _POOLS:
-            _POOLS[key] = ServerPool(config, Path(model_dir))
-        return _POOLS[key]
+class ServerPools:
+    """The server pools a flow run opened, one per (model, run directory, server settings), built on first use;
+    `close()` closes every engine (launched SGLang servers stop). Shard tasks in several threads ask at once."""
+
+    def __init__(self) -> None:
+        self._pools: dict[str, ServerPool] = {}
+        self._lock = threading.Lock()
+
+    def pool(self, config: PipelineConfig, model_dir: Path) -> ServerPool:
+        key = pool_key(config, str(model_dir))
+        with self._lock:
+            if key not in self._pools:
+                self._pools[key] = ServerPool(config, Path(model_dir))
+            return self._pools[key]
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
 
 
 def server_count(config: PipelineConfig) -> int:
     """How many servers (so how many shards at once) this config has."""
     return max(1, len(config.server.servers))
-
-
-def close_engines() -> None:
-    """Close every engine of this process (launched SGLang servers stop; cached weights stay)."""
-    with _POOLS_LOCK:
-        pools = list(_POOLS.values())
-        _POOLS.clear()
-    for pool in pools:
-        pool.close()
-
-
-@contextmanager
-def engine_session() -> Iterator[None]:
-    try:
-        yield
-    finally:
-        close_engines()

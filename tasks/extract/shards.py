@@ -3,7 +3,8 @@
 
 The pieces around it: tasks/extract/servers.py (the servers, lent to one shard task at a time),
 tasks/extract/hold.py (the run lock and the shard leases), tasks/extract/report.py (progress, tables, events,
-the flow's outcome), tasks/extract/plan.py (what the tasks pass each other).
+the flow's outcome), tasks/extract/plan.py (what the tasks pass each other), and tasks/flow_context.py (the flow
+run's lock, servers and progress board, which the flow passes to these tasks as `ctx`).
 
 A shard task takes the shard's lease (eagle3.lease) before it looks for work, so no shard is extracted by two
 processes at once, whichever flow runs or nodes share the run directory. A shard another live run holds is
@@ -36,7 +37,6 @@ from eagle3.lock import RunLockedError, RunLockLostError
 from eagle3.progress import Progress, ProgressFn
 from eagle3.store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress, run_key
-from tasks.extract.hold import check_lock, shard_lease
 from tasks.extract.plan import (
     ExtractPlan,
     ShardIncomplete,
@@ -46,7 +46,8 @@ from tasks.extract.plan import (
     select_shards,
 )
 from tasks.extract.report import RunProgressBoard, disk_low
-from tasks.extract.servers import server_count, server_pool
+from tasks.extract.servers import server_count
+from tasks.flow_context import FlowContext
 from tasks.server import reap_orphan_servers
 
 OPEN_RUN_TIMEOUT_S = 15 * 60  # hashes the model directory (weights > 64 MiB: first and last MiB only)
@@ -79,18 +80,24 @@ def store_identity(context: TaskRunContext, parameters: dict[str, Any]) -> str |
 
 
 #: Shard results persist (JSON, under PREFECT_HOME/storage) keyed by inputs, task source, flow run and store:
-#: `prefect flow-run retry` of an extract flow run replays its completed shards and re-runs only the others.
-SHARD_CACHE: CachePolicy = (INPUTS - "progress") + TASK_SOURCE + RUN_ID + CachePolicy.from_cache_key_fn(store_identity)
+#: `prefect flow-run retry` of an extract flow run replays its completed shards and re-runs only the others. The
+#: flow run's context (`ctx`, a live object: tasks/flow_context.py) and its progress reference are not inputs.
+SHARD_CACHE: CachePolicy = (
+    (INPUTS - "progress" - "ctx") + TASK_SOURCE + RUN_ID + CachePolicy.from_cache_key_fn(store_identity)
+)
 
 
 @task(name="open-run", retries=0, timeout_seconds=OPEN_RUN_TIMEOUT_S, cache_policy=NO_CACHE)
-def open_run_task(config: PipelineConfig, model_dir: str, shards: list[int] | None = None) -> ExtractPlan:
+def open_run_task(
+    config: PipelineConfig, model_dir: str, ctx: FlowContext, shards: list[int] | None = None
+) -> ExtractPlan:
     """Write run.json (or check that the existing store is for the same model, layers and data) and
-    start the run-level progress artifact. `shards` (a retry's plan) replaces extract.shards."""
+    start the run-level progress artifact. `shards` (a retry's plan) replaces extract.shards. `ctx`: the flow
+    run's context, whose server pool says what the engine captures (building it launches nothing)."""
     logger = get_run_logger()
     store = RunStore(config.run_dir)
     reap_orphan_servers(config.run_dir)  # before this run's servers launch on the same ports
-    pool = server_pool(config, model_dir)
+    pool = ctx.server_pool(config, model_dir)
     info = open_run(config, store, Path(model_dir), pool.info)
     prepared = store.read_prepared_manifest()
     assert prepared is not None  # open_run refuses a store without prepared data
@@ -150,23 +157,30 @@ def disk_budget_task(config: PipelineConfig, plan: ExtractPlan) -> dict[str, int
     result_serializer="json",  # no pickle
 )
 def extract_shard_task(
-    config: PipelineConfig, model_dir: str, shard: int, progress: RunProgressRef | None = None, wait: bool = False
+    config: PipelineConfig,
+    model_dir: str,
+    shard: int,
+    ctx: FlowContext,
+    progress: RunProgressRef | None = None,
+    wait: bool = False,
 ) -> ShardResult | State:
     """Hidden states for every sample of one shard, on a free server of this flow run. A shard whose files are
     all present and sound is Skipped without touching a server; a shard with failed samples raises, and a retry
     redoes only those. A shard whose lease another live run holds is `Leased` (with `wait`: waited for, and
     Skipped when that run completes it, taken over when it dies). Not started when its missing samples would
-    not fit on disk; stopped cleanly when the disk fills during it (both: event `eagle3.disk.low`, no retry)."""
+    not fit on disk; stopped cleanly when the disk fills during it (both: event `eagle3.disk.low`, no retry).
+    `ctx`: the flow run's context (tasks/flow_context.py): its run lock, its servers, its progress board."""
     logger = get_run_logger()
     store = RunStore(config.run_dir)
     info = store.read_run_info()
     if info is None:
         raise FileNotFoundError(f"{store.run_json} missing; the open-run task writes it before any shard")
-    check_lock(config.run_dir)
-    report = ShardReport(logger, config.run_dir, shard, progress)
+    ctx.check_lock()
+    board = ctx.board(progress, logger) if progress is not None else None
+    report = ShardReport(logger, config.run_dir, shard, board)
     if shard_is_complete(store, shard, info):
         return skipped(store, shard, report, "skipped")
-    lease = shard_lease(config, shard)
+    lease = ctx.shard_lease(config, shard)
     if not take_lease(lease, wait, give_up=lambda: shard_is_complete(store, shard, info)):
         holder = lease.state()
         who = holder.describe() if holder is not None else "a run that has finished since"
@@ -182,7 +196,7 @@ def extract_shard_task(
             logger.warning("shard %d: took over a stale lease (%s)", shard, lease.took_over.describe())
         if shard_is_complete(store, shard, info):  # completed by another run between the two looks
             return skipped(store, shard, report, "by-other-run", holder="a run that finished it meanwhile")
-        return extract_leased_shard(config, model_dir, store, info, shard, lease, report)
+        return extract_leased_shard(config, model_dir, ctx, store, info, shard, lease, report)
 
 
 def take_lease(lease: ShardLease, wait: bool, give_up: Callable[[], bool]) -> bool:
@@ -195,6 +209,7 @@ def take_lease(lease: ShardLease, wait: bool, give_up: Callable[[], bool]) -> bo
 def extract_leased_shard(
     config: PipelineConfig,
     model_dir: str,
+    ctx: FlowContext,
     store: RunStore,
     info: RunInfo,
     shard: int,
@@ -209,11 +224,11 @@ def extract_leased_shard(
         disk = DiskGuard(store, config.disk, scope=f"a write in shard {shard}", dump_dir=dump_dir)
 
         def guard(nbytes: int) -> None:
-            check_lock(config.run_dir)
+            ctx.check_lock()
             lease.check()
             disk(nbytes)
 
-        with server_pool(config, model_dir).checkout() as (server, engine):
+        with ctx.server_pool(config, model_dir).checkout() as (server, engine):
             logger.info("shard %d: on %s", shard, server.label)
             manifest = extract_shard(store, shard, engine, info, report, guard=guard)
     except DiskBudgetError as e:
@@ -239,10 +254,10 @@ class ShardReport:
     the flow run's progress. As a context manager around the extraction, it keeps the shard visibly alive while
     no sample finishes (a server starting, one long sample): TaskProgress's heartbeat."""
 
-    def __init__(self, logger: Any, run_dir: str, shard: int, progress: RunProgressRef | None):
+    def __init__(self, logger: Any, run_dir: str, shard: int, board: RunProgressBoard | None):
         self.shard = shard
         self.own = TaskProgress(logger, f"shard {shard}", key=run_key(run_dir, f"extract-shard-{shard:05d}-progress"))
-        self.board = RunProgressBoard.of(progress, logger) if progress is not None else None
+        self.board = board
 
     def __call__(self, p: Progress) -> None:
         self.own(p)
@@ -290,17 +305,18 @@ def is_leased(state: State[Any]) -> bool:
     return state.is_completed() and state.name == LEASED
 
 
-def run_shards(config: PipelineConfig, model_dir: str, plan: ExtractPlan) -> dict[int, State[Any]]:
+def run_shards(config: PipelineConfig, model_dir: str, plan: ExtractPlan, ctx: FlowContext) -> dict[int, State[Any]]:
     """Every planned shard, as many at once as this flow run has servers: with several, through Prefect's
     thread-pool task runner (one thread per server); with one, in the flow's own thread, one after another (where
     Prefect can also interrupt a shard at its timeout). Shards another run holds come back `Leased` and are then
     waited for, so the flow run ends when each of its shards is complete, failed, or completed by the other run.
-    Returns shard -> final state."""
+    `ctx`: the flow run's context, handed to every shard task. Returns shard -> final state."""
     shard_task: Task[..., Any] = extract_shard_task.with_options(retries=config.extract.shard_retries)
     waiting_task: Task[..., Any] = shard_task.with_options(timeout_seconds=2 * SHARD_TIMEOUT_S)  # wait, then work
 
     def parameters(shard: int, wait: bool) -> dict[str, Any]:
-        return {"config": config, "model_dir": model_dir, "shard": shard, "progress": plan.progress, "wait": wait}
+        return {"config": config, "model_dir": model_dir, "shard": shard, "ctx": ctx, "progress": plan.progress,
+                "wait": wait}  # fmt: skip
 
     def run_all(runner: ThreadPoolTaskRunner[Any] | None, task: Task[..., Any], shards: list[int], wait: bool
                 ) -> dict[int, State[Any]]:  # fmt: skip
