@@ -14,15 +14,16 @@ Why a task parameter (`ctx`), not an id into a process-wide registry:
   FlowContext is a plain object, so it reaches the task as it is, in the flow's thread or in a thread of the
   flow's ThreadPoolTaskRunner (several servers: one shard task per server at once).
 - A task's retries run in the same flow run, in this process, with the same object. `prefect flow-run retry`
-  starts the flow again in a new process, which opens a new context (persisted shard results replay as before).
+  runs the flow function again, which opens a new context (persisted shard results replay as before).
 
 Subflows: a flow's parameters do go to the API (the UI shows them; a deployment needs them as JSON), so a flow
 cannot hand its context to a subflow as a parameter. The pipeline opens the servers for synthesize and its
 extract subflow, so each SGLang server launches once for both: a `flow_context()` opened while another one is
-open in the same thread (the subflow runs inline in its parent's thread) shares the parent's servers, which the
-parent closes; its hold and progress board are its own. A context variable carries that, set only for the
-duration of the parent's `with` block. Flow runs in other processes (a deployment's run in a worker's
-subprocess, the fan-out's children) have no parent here and open their own.
+open in the same thread (the subflow runs inline in its parent's thread) shares the parent's servers; its hold and
+progress board are its own. A context variable carries that, set only for the duration of the parent's `with`
+block. Flow runs in other processes (a deployment's run in a worker's subprocess, the fan-out's children) have no
+parent here and open their own. Servers close when the outermost block ends, or earlier when a `hold()` block
+ends (before its lock goes: the servers write into the run directory).
 """
 
 from __future__ import annotations
@@ -62,13 +63,16 @@ class FlowContext:
     @contextmanager
     def hold(self, run_dir: str, purpose: str, *, shared: bool = False, ttl_s: float = 600.0) -> Iterator[RunHold]:
         """Hold `run_dir` for this flow run (tasks/extract/hold.py `run_lock`); while an exclusive hold is open,
-        `check_lock()` checks it and shard leases are taken under it."""
+        `check_lock()` checks it and shard leases are taken under it. When the block ends the servers close before
+        the lock goes (they write into the run directory, and the next run launches its own on the same ports),
+        a parent flow's servers too: a subflow that holds the run directory is the last to use them."""
         with run_lock(run_dir, purpose, shared=shared, ttl_s=ttl_s) as hold:
             self._lock = None if shared else hold.lock
             try:
                 yield hold
             finally:
                 self._lock = None
+                self.servers.close()
 
     def check_lock(self) -> None:
         """RunLockLostError when this flow run's exclusive lock was taken over (no-op without one)."""
@@ -90,7 +94,8 @@ class FlowContext:
 @contextmanager
 def flow_context() -> Iterator[FlowContext]:
     """A flow run's context for the `with` block: new servers (closed at its end: launched SGLang servers stop),
-    or, inside another flow's block in this thread (a subflow), that flow's servers (it closes them)."""
+    or, inside another flow's block in this thread (a subflow), that flow's servers (closed at the end of that
+    flow's block, or of a `hold()` on the run directory)."""
     parent = _OPEN.get()
     servers = parent.servers if parent is not None else ServerPools()
     ctx = FlowContext(servers)

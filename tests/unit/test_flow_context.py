@@ -42,6 +42,7 @@ def test_the_exclusive_hold_guards_the_shard_leases_and_a_lost_lock_is_reported(
         assert ctx.shard_lease(cfg, 0).under is None
         ctx.check_lock()  # no hold: nothing to check
         with ctx.hold(str(run_dir), "extract", ttl_s=2.0) as hold:
+            pool = ctx.server_pool(cfg, str(tmp_path / "model"))
             assert ctx.shard_lease(cfg, 0).under is hold.lock
             ctx.check_lock()
             (run_dir / LOCK_NAME).unlink()  # someone else removed (took) the lock
@@ -52,6 +53,7 @@ def test_the_exclusive_hold_guards_the_shard_leases_and_a_lost_lock_is_reported(
                 ctx.check_lock()
         assert ctx.shard_lease(cfg, 0).under is None  # the hold ended with its block
         ctx.check_lock()
+        assert ctx.server_pool(cfg, str(tmp_path / "model")) is not pool  # its servers closed before the lock went
 
 
 def test_a_shared_hold_is_a_guard_only_and_leases_are_not_under_it(tmp_path: Path) -> None:
