@@ -24,7 +24,7 @@ from eagle3 import dump_protocol as proto
 from eagle3.config import PipelineConfig
 from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.server import SUPPORTED_SGLANG, ServerError, SGLangServer, resolve_device
+from eagle3.server import SUPPORTED_SGLANG, ServerError, SGLangServer, server_device
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
 from eagle3.store import PreparedSample
 
@@ -151,7 +151,7 @@ def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[s
             f"sglang {version}, but the server_patch plugin is not installed: run deploy/sglang_env.sh",
         )
     else:
-        device = resolve_device(cfg.server)
+        device = server_device(cfg.server)
         report.add("sglang env", "ok", f"sglang {version} + server_patch plugin in {python} (device {device})")
 
 

@@ -38,6 +38,7 @@ import httpx
 from eagle3 import dump_protocol as proto
 from eagle3 import procs
 from eagle3.config import ServerConfig
+from eagle3.device import nvidia_smi_present, resolve_device
 from eagle3.keeper import OwnedProcess
 from eagle3.server_record import (
     Reaped,
@@ -60,11 +61,10 @@ class ServerError(RuntimeError):
     """The server did not start, died, or is not set up for extraction; the message quotes its log."""
 
 
-def resolve_device(server: ServerConfig, which: Callable[[str], str | None] = shutil.which) -> str:
-    """`auto` -> cuda when the node has nvidia-smi, else cpu."""
-    if server.device != "auto":
-        return server.device
-    return "cuda" if which("nvidia-smi") else "cpu"
+def server_device(server: ServerConfig, which: Callable[[str], str | None] = shutil.which) -> str:
+    """The device of a launched server: `auto` -> cuda when the node has nvidia-smi (the server runs in another
+    interpreter, so this process's torch does not speak for it), else cpu."""
+    return resolve_device(server.device, cuda=lambda: nvidia_smi_present(which))
 
 
 def venv_dir(python: str) -> Path:
@@ -173,7 +173,7 @@ class SGLangServer:
         self.radix_cache = radix_cache
         self.on_line = on_line
         self.stop_grace_s = stop_grace_s
-        self.device = resolve_device(server)
+        self.device = server_device(server)
         self.attached = server.url is not None
         self.url = (server.url or f"http://{server.host}:{self.port}").rstrip("/")
         self.log_path = self.log_dir / "sglang.log"

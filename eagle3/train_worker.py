@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from eagle3.device import torch_device
 from eagle3.progress import Progress
-from eagle3.train import Trainer, read_job, resolve_device
+from eagle3.train import Trainer, read_job
 from eagle3.train_launch import die_with_parent
 
 
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     job = read_job(Path(args[0]))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(job.device, local_rank)
+    device = torch_device(job.device, index=local_rank)
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.server import ServerError, SGLangServer, resolve_device
+from eagle3.server import ServerError, SGLangServer, server_device
 from eagle3.store import now
 
 LIVE_FORMAT = "eagle3-eval-live/1"
@@ -297,7 +297,7 @@ def evaluate_live(
     run_dir, draft_dir, model_dir = Path(run_dir), Path(draft_dir), Path(model_dir)
     if not (draft_dir / "config.json").is_file():
         raise LiveEvalError(f"{draft_dir}: no config.json; export the draft first (eagle3.export.export_draft)")
-    device = resolve_device(server)
+    device = server_device(server)
     spec = speculative_args(evaluate)
     base: dict[str, Any] = {
         "device": device,

@@ -31,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.chat import ChatTokenizer, RowError, normalize_row
 from eagle3.config import DataConfig, EvalSetConfig, EvaluateConfig
+from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
-from eagle3.engines.transformers_engine import load_causal_lm, resolve_device
+from eagle3.engines.transformers_engine import load_causal_lm
 from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.prepare import read_rows
@@ -391,7 +392,7 @@ def summarize(
 def load_target(model_dir: Path, aux_layers: list[int], *, device: str, dtype: str) -> Target:
     if dtype not in DTYPES:
         raise EvalError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
-    model = load_causal_lm(Path(model_dir), resolve_device(device), DTYPES[dtype])
+    model = load_causal_lm(Path(model_dir), torch_device(device), DTYPES[dtype])
     chat = ChatTokenizer.from_model_dir(Path(model_dir))
     return Target(model, list(aux_layers), frozenset(stop_token_ids(model, chat)))
 
@@ -471,7 +472,7 @@ def offline_dtype(cfg: EvaluateConfig, device: str, store_dtype: str) -> str:
     on one thread of the dev box), else the store's dtype."""
     if cfg.offline_dtype != "auto":
         return cfg.offline_dtype
-    return "float32" if resolve_device(device).type == "cpu" else store_dtype
+    return "float32" if resolve_device(device) == "cpu" else store_dtype
 
 
 def write_offline_result(run_dir: Path, result: OfflineEvalResult) -> Path:
