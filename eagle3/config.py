@@ -440,14 +440,20 @@ class PipelineConfig(StrictModel):
     @model_validator(mode="after")
     def _check_attached_dump_dirs(self) -> PipelineConfig:
         """Two attached servers writing one dump directory would clear each other's files."""
-        base = self.extract.dump_dir or str(Path(self.run_dir) / "dump")
-        dirs = [s.dump_dir or base for s in self.server.servers if s.url is not None]
+        base = dump_root(self.run_dir, self.extract)
+        dirs = [s.dump_dir or str(base) for s in self.server.servers if s.url is not None]
         if len(set(dirs)) != len(dirs):
             raise ValueError(
                 f"server.servers: attached servers share a dump directory ({dirs}); launch each with its own "
                 "EAGLE3_DUMP_DIR and give it as that entry's dump_dir"
             )
         return self
+
+
+def dump_root(run_dir: str | Path, extract: ExtractConfig) -> Path:
+    """The dump directory of the sglang engine: `extract.dump_dir`, else `<run_dir>/dump` (the store's filesystem,
+    so moving a dump in is a rename). Several servers of one run each get a directory below it (eagle3/servers.py)."""
+    return Path(extract.dump_dir) if extract.dump_dir else Path(run_dir) / "dump"
 
 
 RUN_DIR_PLACEHOLDERS = ("date", "model_sha")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from eagle3 import dump_protocol as proto
-from eagle3.config import PipelineConfig
+from eagle3.config import PipelineConfig, dump_root
 from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts, resolve_model
 from eagle3.server import SUPPORTED_SGLANG, ServerError, SGLangServer, server_device
@@ -88,7 +88,7 @@ def run_doctor(
     model_dir = _check_model(cfg, report)
     _check_environment(cfg, report, env)
     layers = _check_layers(cfg, report, model_dir) if model_dir else None
-    dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else Path(cfg.run_dir) / "dump"
+    dump_dir = dump_root(cfg.run_dir, cfg.extract)
     _check_space(report, "store space", Path(cfg.run_dir), min_free_gb)
     _check_space(report, "dump space", dump_dir, min_free_gb)
     if not launch:

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.config import PipelineConfig, ServerSlot
+from eagle3.config import PipelineConfig, ServerSlot, dump_root
 from eagle3.engines import Engine, EngineInfo, Outcome, build_engine
 from eagle3.fsio import safe_name
 from eagle3.server import LineFn, SGLangServer
@@ -38,7 +38,7 @@ def server_specs(cfg: PipelineConfig, *, host: str, separate_dumps: bool = False
     flow run, maybe on another node, shares the run directory and its default dump directory)."""
     slots = cfg.server.servers or [ServerSlot(url=cfg.server.url)]  # type: ignore[call-arg]
     separate = separate_dumps or len(slots) > 1
-    base_dump = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else Path(cfg.run_dir) / "dump"
+    base_dump = dump_root(cfg.run_dir, cfg.extract)
     specs = []
     for i, slot in enumerate(slots):
         port = slot.port if slot.port is not None else cfg.server.port + i

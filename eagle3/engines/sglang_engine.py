@@ -39,7 +39,7 @@ import torch
 from safetensors import safe_open
 
 from eagle3 import dump_protocol as proto
-from eagle3.config import PipelineConfig
+from eagle3.config import PipelineConfig, dump_root
 from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.fsio import remove_stale_temps
 from eagle3.layers import resolve_aux_layers
@@ -68,7 +68,7 @@ def build_sglang_engine(
     """The engine for `server.engine: sglang`: dumps under extract.dump_dir (default <run_dir>/dump, the
     store's filesystem, so moving a dump in is a rename), the server log under <run_dir>/server/."""
     run_dir = Path(cfg.run_dir)
-    dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else run_dir / "dump"
+    dump_dir = dump_root(run_dir, cfg.extract)
     if on_line is None:  # the server log, line by line, to a logger a Prefect task can forward
         on_line = logging.getLogger("eagle3.sglang").info
     return SGLangEngine(cfg, model_dir, run_id_of(run_dir), dump_dir, base_env=base_env, on_line=on_line)
