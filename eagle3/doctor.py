@@ -22,10 +22,9 @@ from typing import Literal
 
 from eagle3 import dump_protocol as proto
 from eagle3.config import PipelineConfig, dump_root
-from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts, resolve_model
 from eagle3.server import SUPPORTED_SGLANG, ServerError, SGLangServer, server_device
-from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
+from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
 from eagle3.store import PreparedSample
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -156,10 +155,8 @@ def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[s
 
 
 def _check_layers(cfg: PipelineConfig, report: DoctorReport, model_dir: Path) -> SGLangLayers | None:
-    facts = read_model_facts(model_dir)
     try:
-        aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
-        layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, cfg.extract.sglang_layer_ids)
+        layers = extraction_layers(model_dir, cfg.extract)
     except (ValueError, LayerMappingError) as e:
         report.add("layers", "fail", str(e))
         return None

@@ -12,15 +12,14 @@ plain layout (`<run_dir>/dump`, `<run_dir>/server`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.config import PipelineConfig, ServerSlot, dump_root
-from eagle3.engines import Engine, EngineInfo, Outcome, build_engine
+from eagle3.engines import Engine, build_engine
 from eagle3.fsio import safe_name
-from eagle3.server import LineFn, SGLangServer
-from eagle3.store import PreparedSample
+from eagle3.server import LineFn
 
 
 @dataclass(frozen=True)
@@ -81,63 +80,14 @@ def device_of(cfg: PipelineConfig, slot: ServerSlot) -> str:
 def build_server_engine(
     spec: ServerSpec, model_dir: Path, *, base_env: Mapping[str, str], on_line: LineFn | None = None
 ) -> Engine:
-    """The engine of one server. Loading weights or launching happens on its first `extract`."""
-    cfg = spec.config
-    if cfg.server.engine == "transformers":
-        from eagle3.engines.transformers_engine import TransformersEngine
-
-        return TransformersEngine(
-            model_dir,
-            aux_layers=cfg.extract.aux_layers,
-            device=spec.device,
-            dtype=cfg.server.dtype,
-            batch_tokens=cfg.server.batch_tokens,
-        )
-    if spec.dump_dir is None:  # the single-server layout
-        if cfg.server.engine == "sglang":
-            from eagle3.engines.sglang_engine import build_sglang_engine
-
-            return build_sglang_engine(cfg, model_dir, base_env=base_env)
-        return build_engine(cfg, model_dir)
-    return _sglang_engine(spec, model_dir, base_env=base_env, on_line=on_line)
-
-
-def _sglang_engine(spec: ServerSpec, model_dir: Path, *, base_env: Mapping[str, str], on_line: LineFn | None) -> Engine:
-    from eagle3.engines.sglang_engine import SGLangEngine, run_id_of
-    from eagle3.layers import resolve_aux_layers
-    from eagle3.model_files import read_model_facts
-    from eagle3.sglang_layers import sglang_layer_ids
-
-    assert spec.dump_dir is not None
-    cfg = spec.config
-    facts = read_model_facts(model_dir)
-    aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
-    layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, cfg.extract.sglang_layer_ids)
-    server = SGLangServer(
-        cfg.server,
+    """The engine of one server (eagle3/engines' build_engine with this server's device, dump and log
+    directories). Loading weights or launching happens on its first `extract`; `close` stops a launched server."""
+    return build_engine(
+        spec.config,
         model_dir,
+        device=spec.device,
         dump_dir=spec.dump_dir,
-        layers=layers,
-        log_dir=spec.log_dir or Path(cfg.run_dir) / "server",
+        log_dir=spec.log_dir,
         base_env=base_env,
         on_line=on_line,
     )
-    engine = SGLangEngine(cfg, model_dir, run_id_of(Path(cfg.run_dir)), spec.dump_dir, server=server)
-    return ServerOwningEngine(engine, server)
-
-
-class ServerOwningEngine:
-    """An engine built around a server it was handed, that stops that server on `close` (a launched one)."""
-
-    def __init__(self, engine: Engine, server: SGLangServer):
-        self.engine, self.server = engine, server
-        self.info: EngineInfo = engine.info
-
-    def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
-        return self.engine.extract(samples)
-
-    def close(self) -> None:
-        try:
-            self.server.stop()  # first (a no-op for an attached server): no late dump can appear after the sweep
-        finally:
-            self.engine.close()  # closes its client, sweeps the dump directory
