@@ -226,6 +226,10 @@ class TrainConfig(StrictModel):
     """EAGLE-3 draft training (training-time test)."""
 
     nproc: int = Field(1, gt=0, le=1024, description="torchrun processes per node.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the draft trains: `cuda` puts each process on its local rank's GPU. `auto` = cuda "
+        "when available.",
+    )  # fmt: skip
     epochs: float = Field(1.0, gt=0, description="Passes over the store.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(4096, gt=0, description="Tokens per micro-batch per process.")
@@ -309,6 +313,10 @@ class EvaluateConfig(StrictModel):
     """Acceptance and speed of the draft against the plain target."""
 
     num_prompts: int = Field(20, gt=0, description="Held-out prompts to evaluate on.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the offline evaluation runs target and draft. `auto` = cuda when available. The "
+        "live evaluation serves on the SGLang server (server.device).",
+    )  # fmt: skip
     draft_steps: int = Field(3, gt=0, le=16, description="Chain length k of drafted tokens.")
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
     dataset: str = Field(
