@@ -23,7 +23,7 @@ from typing import Literal
 from eagle3 import dump_protocol as proto
 from eagle3.config import PipelineConfig, dump_root
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.server import SUPPORTED_SGLANG, ServerError, SGLangServer, server_device
+from eagle3.server import ServerError, SGLangServer, server_device
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
 from eagle3.store import PreparedSample
 
@@ -141,8 +141,9 @@ def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[s
         report.add("sglang env", "fail", f"{python} cannot report sglang's version: {e}")
         return
     version, plugins = [*out, "", ""][:2]
-    if version not in SUPPORTED_SGLANG:
-        report.add("sglang env", "fail", f"sglang {version} in {python}; supported: {', '.join(SUPPORTED_SGLANG)}")
+    if version not in proto.SUPPORTED_SGLANG:
+        supported = ", ".join(proto.SUPPORTED_SGLANG)
+        report.add("sglang env", "fail", f"sglang {version} in {python}; supported: {supported}")
     elif "server_patch:load_plugin" not in plugins.split(","):
         report.add(
             "sglang env",

@@ -51,7 +51,6 @@ from eagle3.server_record import (
 )
 from eagle3.sglang_layers import SGLangLayers
 
-SUPPORTED_SGLANG = ("0.5.23",)
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
 PORT_FREE_WAIT_S = 15.0
 LineFn = Callable[[str], None]
@@ -125,7 +124,7 @@ def build_env(
 ) -> dict[str, str]:
     """The server's environment: the caller's (NCCL_*, CUDA_*, HF_* pass through), server.env, the hook's
     switches when capturing, and the CPU engine + stub libcuda on CPU."""
-    env = {k: v for k, v in base_env.items() if not k.startswith("EAGLE3_")}
+    env = {k: v for k, v in base_env.items() if not k.startswith(proto.ENV_PREFIX)}
     env.update(server.env)
     env["PYTHONUNBUFFERED"] = "1"  # the log file shows progress as it happens
     if dump_dir is not None:
@@ -296,7 +295,8 @@ class SGLangServer:
         if not Path(self.cfg.python).exists():
             raise ServerError(
                 f"server.python {self.cfg.python} does not exist: build the SGLang environment with "
-                "deploy/sglang_env.sh (or point server.python at an interpreter with sglang==0.5.23)"
+                "deploy/sglang_env.sh (or point server.python at an interpreter with "
+                f"sglang=={proto.SUPPORTED_SGLANG[0]})"
             )
         if self.device == "cpu" and not (venv_dir(self.cfg.python) / "stub" / "libcuda.so.1").exists():
             raise ServerError(
@@ -388,8 +388,10 @@ class SGLangServer:
             )
         if not any(w.get("writes") for w in workers):
             raise ServerError(f"no worker writes dumps (no attention-TP rank 0 reported) {where}")
-        if self.version not in SUPPORTED_SGLANG:
-            raise ServerError(f"SGLang {self.version} at {self.url}; the hook supports {', '.join(SUPPORTED_SGLANG)}")
+        if self.version not in proto.SUPPORTED_SGLANG:
+            raise ServerError(
+                f"SGLang {self.version} at {self.url}; the hook supports {', '.join(proto.SUPPORTED_SGLANG)}"
+            )
 
     def _check_attached(self) -> None:
         info = self._server_info()

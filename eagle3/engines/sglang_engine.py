@@ -44,7 +44,7 @@ from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.fsio import remove_stale_temps
 from eagle3.model_files import read_model_facts
 from eagle3.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
-from eagle3.server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
+from eagle3.server import LineFn, ServerError, SGLangServer
 from eagle3.sglang_layers import extraction_layers
 from eagle3.store import DTYPES, PreparedSample
 
@@ -112,7 +112,7 @@ class SGLangEngine:
         self.dump_timeout_s = dump_timeout_s
         self.info = EngineInfo(
             name="sglang",
-            version=SUPPORTED_SGLANG[0],  # the hook refuses any other; checked again against /server_info
+            version=proto.SUPPORTED_SGLANG[0],  # the hook refuses any other; checked again against /server_info
             aux_layers=list(self.layers.aux_layers),
             engine_layer_ids=self.layers.layer_ids,
             engine_layer_convention=self.layers.convention,
