@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from eagle3 import dump_protocol as proto
-from eagle3.config import PipelineConfig, dump_root
+from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig, dump_root
 from eagle3.model_files import read_model_facts, resolve_model
 from eagle3.server import ServerError, SGLangServer, server_device
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
@@ -85,8 +85,8 @@ def run_doctor(
     report = DoctorReport()
     env = dict(os.environ) if base_env is None else dict(base_env)
     model_dir = _check_model(cfg, report)
-    _check_environment(cfg, report, env)
-    layers = _check_layers(cfg, report, model_dir) if model_dir else None
+    _check_environment(cfg.server, report, env)
+    layers = _check_layers(cfg.extract, report, model_dir) if model_dir else None
     dump_dir = dump_root(cfg.run_dir, cfg.extract)
     _check_space(report, "store space", Path(cfg.run_dir), min_free_gb)
     _check_space(report, "dump space", dump_dir, min_free_gb)
@@ -115,11 +115,11 @@ def _check_model(cfg: PipelineConfig, report: DoctorReport) -> Path | None:
     return model_dir
 
 
-def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[str, str]) -> None:
-    if cfg.server.url:
-        report.add("sglang env", "skip", f"attaching to {cfg.server.url}: the server's own environment is checked live")
+def _check_environment(server: ServerConfig, report: DoctorReport, env: Mapping[str, str]) -> None:
+    if server.url:
+        report.add("sglang env", "skip", f"attaching to {server.url}: the server's own environment is checked live")
         return
-    python = cfg.server.python
+    python = server.python
     if not Path(python).exists():
         report.add("sglang env", "fail", f"server.python {python} missing: run deploy/sglang_env.sh")
         return
@@ -151,13 +151,13 @@ def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[s
             f"sglang {version}, but the server_patch plugin is not installed: run deploy/sglang_env.sh",
         )
     else:
-        device = server_device(cfg.server)
+        device = server_device(server)
         report.add("sglang env", "ok", f"sglang {version} + server_patch plugin in {python} (device {device})")
 
 
-def _check_layers(cfg: PipelineConfig, report: DoctorReport, model_dir: Path) -> SGLangLayers | None:
+def _check_layers(extract: ExtractConfig, report: DoctorReport, model_dir: Path) -> SGLangLayers | None:
     try:
-        layers = extraction_layers(model_dir, cfg.extract)
+        layers = extraction_layers(model_dir, extract)
     except (ValueError, LayerMappingError) as e:
         report.add("layers", "fail", str(e))
         return None

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.config import PipelineConfig, ServerSlot, dump_root
+from eagle3.config import PipelineConfig, ServerConfig, ServerSlot, dump_root
 from eagle3.engines import Engine, build_engine
 from eagle3.fsio import safe_name
 from eagle3.server import LineFn
@@ -54,27 +54,28 @@ def server_specs(cfg: PipelineConfig, *, host: str, separate_dumps: bool = False
         elif separate:
             dump_dir = Path(slot.dump_dir) if slot.dump_dir else base_dump / name
             log_dir = Path(cfg.run_dir) / "server" / name
-        label = label_of(cfg, slot, host, port)
+        label = label_of(cfg.server, slot, host, port)
         if len(slots) > 1:
             label = f"#{i} {label}"
-        specs.append(ServerSpec(i, label, one, dump_dir, log_dir, device_of(cfg, slot)))
+        specs.append(ServerSpec(i, label, one, dump_dir, log_dir, device_of(cfg.server, slot)))
     return specs
 
 
-def label_of(cfg: PipelineConfig, slot: ServerSlot, host: str, port: int) -> str:
+def label_of(server: ServerConfig, slot: ServerSlot, host: str, port: int) -> str:
     """How logs and the shard table name a server: `sglang node-a:30001 (GPUs 4,5)`, `sglang http://b:30000`."""
     gpus = f" (GPUs {slot.gpus})" if slot.gpus is not None else ""
-    if cfg.server.engine == "transformers":
-        return f"transformers {device_of(cfg, slot)} on {host}"
+    if server.engine == "transformers":
+        return f"transformers {device_of(server, slot)} on {host}"
     if slot.url is not None:
         return f"sglang {slot.url}"
     return f"sglang {host}:{port}{gpus}"
 
 
-def device_of(cfg: PipelineConfig, slot: ServerSlot) -> str:
-    if cfg.server.engine == "transformers" and slot.gpus is not None:
+def device_of(server: ServerConfig, slot: ServerSlot) -> str:
+    """The torch device of one transformers server (its GPU), else the section's `server.device`."""
+    if server.engine == "transformers" and slot.gpus is not None:
         return f"cuda:{slot.gpus}"
-    return cfg.server.device
+    return server.device
 
 
 def build_server_engine(
