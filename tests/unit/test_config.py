@@ -117,7 +117,8 @@ def test_training_and_the_offline_evaluation_have_their_own_device(tmp_path: Pat
     from eagle3.retrain import TrainPlan
     from tasks.train import new_job
 
-    assert (PipelineConfig().train.device, PipelineConfig().evaluate.device) == ("auto", "auto")
+    default = PipelineConfig.model_validate({})
+    assert (default.train.device, default.evaluate.device) == ("auto", "auto")
     demo = load_config(REPO / "configs" / "demo.yaml")
     assert (demo.train.device, demo.evaluate.device) == ("cpu", "cpu")
     cfg = PipelineConfig.model_validate(
