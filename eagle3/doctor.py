@@ -23,8 +23,8 @@ from typing import Literal
 from eagle3 import dump_protocol as proto
 from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig, dump_root
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.server import ServerError, SGLangServer, server_device
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
+from eagle3.sglang_server import ServerError, SGLangServer, server_device
 from eagle3.store import PreparedSample
 
 Status = Literal["ok", "warn", "fail", "skip"]

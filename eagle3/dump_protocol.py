@@ -31,7 +31,7 @@ from eagle3.fsio import atomic_write_json, safe_name
 #: first entry, read from this line.
 SUPPORTED_SGLANG = ("0.5.23",)
 
-# Environment of the SGLang server process (set by eagle3/server.py and eagle3/evaluate/live.py, read by
+# Environment of the SGLang server process (set by eagle3/sglang_server.py and eagle3/evaluate/live.py, read by
 # server_patch only).
 ENV_DUMP_DIR = "EAGLE3_DUMP_DIR"  # the hook is inert unless this names a directory
 ENV_RID_PREFIX = "EAGLE3_RID_PREFIX"  # capture only requests whose rid starts with this (default "e3-")

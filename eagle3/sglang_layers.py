@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from eagle3.aux_layers import resolve_aux_layers
 from eagle3.config import ExtractConfig
-from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts
 
 PLUS_ONE = "plus_one"

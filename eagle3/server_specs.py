@@ -19,7 +19,7 @@ from pathlib import Path
 from eagle3.config import PipelineConfig, ServerConfig, ServerSlot, dump_root
 from eagle3.engines import Engine, build_engine
 from eagle3.fsio import safe_name
-from eagle3.server import LineFn
+from eagle3.sglang_server import LineFn
 
 
 @dataclass(frozen=True)
