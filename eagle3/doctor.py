@@ -214,9 +214,9 @@ def _check_parity(
 ) -> None:
     from transformers import AutoTokenizer
 
+    from eagle3.engines import build_engine
     from eagle3.engines.base import Captured, Dumped
     from eagle3.engines.sglang_engine import SGLangEngine
-    from eagle3.engines.transformers_engine import TransformersEngine
     from eagle3.sample_format import read_sample
 
     size_gb = sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / GB
@@ -233,9 +233,8 @@ def _check_parity(
         return
     dumped = read_sample(got.path)
     got.path.unlink(missing_ok=True)
-    (ref,) = TransformersEngine(
-        model_dir, aux_layers=cfg.extract.aux_layers, device="cpu", dtype=cfg.server.dtype
-    ).extract([sample])
+    reference = probe.model_copy(update={"server": probe.server.model_copy(update={"engine": "transformers"})})
+    (ref,) = build_engine(reference, model_dir, device="cpu").extract([sample])
     assert isinstance(ref, Captured)
     worst = []
     for name, a, b in (
