@@ -25,16 +25,19 @@ class RowSampler:
         self.generators = [torch.Generator(device=dev).manual_seed(seed) if t > 0 else None for t, seed in sampling]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows = [i for i, g in enumerate(self.generators) if g is not None]
+        if not rows:
+            return scores
+        index = torch.tensor(rows, device=scores.device)
+        temps = torch.tensor([self.temperatures[i] for i in rows], device=scores.device).unsqueeze(1)
+        probs = torch.softmax(scores[index].float() / temps, dim=-1)  # the sampled rows, at once
+        if self.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True, dim=-1)
+            drop = torch.cumsum(sorted_p, dim=-1) - sorted_p > self.top_p  # keep the smallest set reaching top_p
+            probs = probs.scatter(1, order, sorted_p.masked_fill(drop, 0.0))
         out = scores.clone()
-        for row, (t, gen) in enumerate(zip(self.temperatures, self.generators, strict=True)):
-            if gen is None:
-                continue
-            probs = torch.softmax(scores[row].float() / t, dim=-1)
-            if self.top_p < 1.0:
-                sorted_p, order = torch.sort(probs, descending=True)
-                drop = torch.cumsum(sorted_p, dim=-1) - sorted_p > self.top_p  # keep the smallest set reaching top_p
-                probs = probs.scatter(0, order, sorted_p.masked_fill(drop, 0.0))
-            token = torch.multinomial(probs, 1, generator=gen)
+        for j, row in enumerate(rows):  # only the draw is per row: each row's own generator
+            token = torch.multinomial(probs[j], 1, generator=self.generators[row])
             out[row] = torch.finfo(out.dtype).min
             out[row, token] = 0.0
         return out
