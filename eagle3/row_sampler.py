@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers import LogitsProcessor
 
 
-class RowSampler:
+class RowSampler(LogitsProcessor):
     """A transformers LogitsProcessor: `sampling[i]` = (temperature, seed) of row i."""
 
     def __init__(self, sampling: Sequence[tuple[float, int]], top_p: float, device: Any):

@@ -31,7 +31,8 @@ def prompts_task(config: PipelineConfig, model_dir: str) -> PromptsSummary:
     if config.server.engine == "sglang":
         reap_orphan_servers(config.run_dir)
         servers = server_pool(config, model_dir).sglang_servers()
-    summary = build_prompts(config, Path(model_dir), report, servers=servers)
+    with report:  # the artifact at once, and a heartbeat while the model loads
+        summary = build_prompts(config, Path(model_dir), report, servers=servers)
     logger.info("%s", summary_line(summary, corpus_path(config)))
     if report.last is None:
         report.own.create(100.0, f"{summary.prompts} prompts, up to date")

@@ -14,7 +14,7 @@ from eagle3.generate_client import GenerationClient
 from eagle3.prompt_gen import eval_prompt_texts, load_grid, pick_cells, prompt_text
 from eagle3.row_sampler import RowSampler
 from eagle3.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, sample_keys, turn_prompt
-from eagle3.user_turns import clean_user_text, request_messages, sample_seed
+from eagle3.user_turns import clean_user_text, sample_seed
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "data" / "prompt_grid.yaml"
@@ -72,11 +72,12 @@ def test_no_grid_request_equals_or_nearly_equals_an_evaluation_prompt() -> None:
     for label, text in evals:
         index.add(text, label)
     grid = load_grid(GRID)
-    for i in range(grid.size()):
+    for i in range(grid.size()):  # every cell's own words
         topic, task, fmt = grid.cell(i)
-        request = prompt_text(request_messages(topic, task, fmt))
+        assert index.match(f"{topic} {task} {fmt}") is None, (topic, task, fmt)
+    for cell in pick_cells(grid, 3000, seed=0):  # the request the target is asked to write, as it is sent
+        request = prompt_text(cell.messages())
         assert index.match(request) is None, (request, index.match(request))
-        assert index.match(f"{topic} {task} {fmt}") is None
     eval_texts = {normalize(t) for _, t in evals}
     for item in [*grid.topics, *grid.tasks, *grid.formats]:
         assert normalize(item) not in eval_texts
@@ -166,8 +167,8 @@ def test_a_row_draws_the_same_tokens_whatever_shares_its_batch() -> None:
     scores = torch.randn(3, 50, generator=gen)
 
     def draw(rows: list[int], sampling: list[tuple[float, int]]) -> list[int]:
-        s = RowSampler(sampling, 0.9, "cpu")
-        return [int(s(torch.zeros(len(rows), 1), scores[rows]).argmax(-1)[i]) for i in range(len(rows))]
+        out = RowSampler(sampling, 0.9, "cpu")(torch.zeros(len(rows), 1), scores[rows])
+        return [int(t) for t in out.argmax(-1)]
 
     alone = draw([1], [(1.0, 42)])[0]
     together = draw([0, 1, 2], [(0.0, 7), (1.0, 42), (1.0, 9)])
