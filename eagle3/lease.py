@@ -23,6 +23,7 @@ from pathlib import Path
 from eagle3.lock import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_TTL_S,
+    LEASE_DIR,
     LOCK_NAME,
     HeldFile,
     LockState,
@@ -30,8 +31,6 @@ from eagle3.lock import (
     RunLockedError,
     judge,
 )
-
-LEASE_DIR = "leases"
 
 
 class ShardLeaseLostError(RuntimeError):
@@ -116,16 +115,3 @@ class ShardLease(HeldFile):
         if self.under is not None and state.owner is not None and state.owner.token == self.under.owner.token:
             return None  # our own run's lock
         return state
-
-
-def live_leases(run_dir: str | Path, host: str | None = None) -> list[tuple[Path, LockState]]:
-    """(path, state) of every shard lease in `run_dir` that a live process holds, in shard order."""
-    out = []
-    for path in sorted((Path(run_dir) / LEASE_DIR).glob("shard-*.lease")):
-        try:
-            state = judge(path, DEFAULT_TTL_S, host)
-        except FileNotFoundError:
-            continue
-        if state.stale is None:
-            out.append((path, state))
-    return out

@@ -19,8 +19,8 @@ from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint
 from eagle3.fsio import fsync_dir, read_json
 from eagle3.store import RunStore
-from eagle3.train import read_job
-from eagle3.train_launch import finished_checkpoint
+from eagle3.train.launch import finished_checkpoint
+from eagle3.train.trainer import read_job
 
 Action = Literal["train", "resume", "done", "wait"]
 
