@@ -10,7 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from eagle3.config import PipelineConfig
 from eagle3.prompt_gen import PromptsSummary, build_prompts, corpus_path
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
-from tasks.extract_servers import server_pool
+from tasks.extract.servers import server_pool
 from tasks.server import reap_orphan_servers
 
 PROMPTS_TIMEOUT_S = 24 * 3600

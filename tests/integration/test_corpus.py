@@ -56,11 +56,18 @@ def _config(tmp_path: Path, **synthesize: Any) -> PipelineConfig:
     )
 
 
-def test_prompts_stage_writes_deduplicated_requests_none_near_an_evaluation_prompt_and_resumes_per_request(
-    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    cfg = _config(tmp_path)
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> tuple[PipelineConfig, pg.PromptsSummary, str]:
+    """The prompts stage run once (the tests share its generation): the config, the summary, the corpus text."""
+    cfg = _config(tmp_path_factory.mktemp("corpus"))
     summary = pg.build_prompts(cfg, demo_model)
+    return cfg, summary, pg.corpus_path(cfg).read_text()
+
+
+def test_prompts_stage_writes_deduplicated_requests_none_near_an_evaluation_prompt_and_resumes_per_request(
+    corpus: tuple[PipelineConfig, pg.PromptsSummary, str], demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, summary, _ = corpus
     assert summary.cells == 3 and summary.generated == 3 and not summary.failed and summary.included == 3
     assert summary.near_eval >= 1 and summary.near_duplicates >= 1
     rows = [json.loads(line) for line in pg.corpus_path(cfg).open()]
@@ -93,10 +100,14 @@ def test_prompts_stage_writes_deduplicated_requests_none_near_an_evaluation_prom
 
 
 def test_synthesize_answers_each_prompt_several_times_goes_on_as_the_user_and_resumes_per_sample(
-    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+    corpus: tuple[PipelineConfig, pg.PromptsSummary, str],
+    tmp_path: Path,
+    demo_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cfg = _config(tmp_path, temperature=0.9, samples_per_prompt=2, include_greedy=True, user_turns=1)
-    pg.build_prompts(cfg, demo_model)
+    pg.corpus_path(cfg).parent.mkdir(parents=True)
+    pg.corpus_path(cfg).write_text(corpus[2])  # the prompts stage's output (the test before checks the stage)
     store = RunStore(cfg.run_dir)
     source = prepare(cfg, store, demo_model)
     n = source.num_samples
