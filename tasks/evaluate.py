@@ -116,7 +116,7 @@ def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> Offline
         return None
     old = OfflineEvalResult.model_validate(raw)
     info = RunInfo.model_validate(read_json(run_dir / "run.json"))
-    dtype = offline_dtype(ev, config.server.device, info.dtype)
+    dtype = offline_dtype(ev, info.dtype)
     ks = ev.chain_lengths()
     want = [(s.name, len(s.ids), k) for s in sets for k in ks]
     have = [(r.set_name, r.num_prompts, r.steps) for r in old.runs]
@@ -147,9 +147,7 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     offline = previous_offline(config, sets)
     if offline is None:
         with report:
-            offline = evaluate_offline(
-                ev, run_dir, model, run_dir / "train", sets=sets, device=config.server.device, progress=report
-            )
+            offline = evaluate_offline(ev, run_dir, model, run_dir / "train", sets=sets, progress=report)
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
     for r in offline.runs:
