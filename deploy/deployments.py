@@ -106,6 +106,7 @@ TITLES = {"poll_s": "Poll Interval (s)"}
 #: Which stages read each config section: the form says so, so a section a run's stages never read is clearly
 #: one to leave alone.
 SECTION_STAGES = {
+    "prompts": "prompts",
     "data": "prepare",
     "synthesize": "synthesize",
     "server": "synthesize, extract, train, evaluate",

@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from eagle3.sources import DataSource
 
-Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
-STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate")
+Stage = Literal["prompts", "prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
+STAGES: tuple[Stage, ...] = (
+    "prompts", "prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"
+)  # fmt: skip
 DEFAULT_STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract")
 
 
@@ -86,12 +88,95 @@ class SynthesizeConfig(StrictModel):
         description="A generated turn cut at max_new_tokens (finish reason `length`): `keep` it in the data, or "
         "`drop` the sample. Counted either way in the synthesize artifact and synthesized/summary.json.",
     )
+    # a varied corpus (docs/corpus.md) -------------------------------------------------------------
+    samples_per_prompt: int = Field(
+        1,
+        gt=0,
+        le=64,
+        description="Answers generated per source conversation, each its own sample (checkpoint `<sample id>` for "
+        "the first, `<sample id>.s<k>` for the others) with its own seed derived from `seed`, the sample id and k. "
+        "More than 1 needs temperature > 0 (greedy answers would be equal).",
+    )
+    include_greedy: bool = Field(
+        False,
+        description="With temperature > 0: the first of the samples_per_prompt answers is greedy, the others "
+        "sampled (the draft serves greedy decoding too).",
+    )
+    user_turns: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Multi-turn: after the conversation's own turns, the target writes this many more user turns "
+        "(as the user, from the conversation so far; eagle3/prompt_gen.py) and answers each. 0: none.",
+    )
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> SynthesizeConfig:
+        if self.samples_per_prompt > 1 and self.temperature == 0:
+            raise ValueError(
+                "synthesize.samples_per_prompt > 1 with temperature 0 would generate the same answer each time; "
+                "set synthesize.temperature > 0 (e.g. 0.8)"
+            )
+        return self
 
     def generation_key(self) -> dict[str, Any]:
-        """The settings the generated text depends on (not how it is scheduled: batch size, concurrency, timeouts)."""
-        return self.model_dump(
+        """The settings the generated text depends on (not how it is scheduled: batch size, concurrency, timeouts).
+        The corpus keys appear only when set away from their defaults, so stores synthesized before they existed
+        keep their key (and their generations)."""
+        key = self.model_dump(
             mode="json", exclude={"batch_size", "concurrency", "request_timeout_s", "request_retries", "on_truncated"}
         )
+        for name in ("samples_per_prompt", "include_greedy", "user_turns"):
+            if key[name] == SynthesizeConfig.model_fields[name].default:
+                del key[name]
+        return key
+
+
+class PromptsConfig(StrictModel):
+    """The `prompts` stage (eagle3/prompt_gen.py): user requests the target writes itself from a grid of topics x
+    task types x formats, plus prompts of other files, near-duplicates removed, written as a dataset file that
+    `data.dataset` (or a `data.sources` entry) then names. docs/corpus.md."""
+
+    out_dir: str | None = Field(
+        None,
+        description="Where the stage writes prompts.jsonl (the dataset), summary.json and its per-prompt "
+        "checkpoints. None: `<run_dir>/prompts`.",
+    )
+    grid: str = Field("data/prompt_grid.yaml", description="YAML with `topics`, `tasks` and `formats` lists.")
+    self_instruct: int = Field(
+        0,
+        ge=0,
+        le=10_000_000,
+        description="Requests the target writes, one per grid cell, cells picked by a seeded shuffle of the whole "
+        "grid (more than its cells: cells repeat with other seeds). 0: none.",
+    )
+    include: list[str] = Field(
+        default_factory=list,
+        description="Dataset files (JSONL/Parquet like data.dataset's) whose user requests join the corpus: each "
+        "row's turns before its last assistant turn, deduplicated with the written ones.",
+    )
+    max_new_tokens: int = Field(96, gt=0, le=4096, description="Longest written request, in tokens.")
+    temperature: float = Field(0.9, ge=0.0, le=2.0, description="Sampling temperature of the written requests.")
+    top_p: float = Field(0.95, gt=0.0, le=1.0, description="Nucleus cut-off of the written requests.")
+    seed: int = Field(0, description="Seeds the choice of cells and each request's sampling.")
+    min_words: int = Field(3, ge=1, description="A written request with fewer words is dropped (counted).")
+    dedup_ngram: int = Field(3, gt=0, le=16, description="Near-duplicate removal: word n-gram (shingle) length.")
+    dedup_threshold: float = Field(
+        0.7,
+        gt=0.0,
+        le=1.0,
+        description="Two prompts whose shingle sets have at least this Jaccard similarity are near-duplicates: "
+        "the first is kept. 1.0: exact duplicates (after normalizing case and punctuation) only.",
+    )
+    exclude_eval: bool = Field(
+        True,
+        description="Drop any prompt that equals or nearly equals a prompt of an evaluation set (evaluate.sets, "
+        "every row): the draft never trains on what it is evaluated on.",
+    )
+
+    def generation_key(self) -> dict[str, Any]:
+        """What a written request depends on (its checkpoint is kept while these stay the same)."""
+        return self.model_dump(mode="json", include={"max_new_tokens", "temperature", "top_p", "seed"})
 
 
 class ServerSlot(StrictModel):
@@ -404,7 +489,7 @@ class EvaluateConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
-    """prepare -> [synthesize] -> extract -> convert -> train -> export -> evaluate."""
+    """[prompts] -> prepare -> [synthesize] -> extract -> convert -> train -> export -> evaluate."""
 
     run_dir: str = Field(
         "data/runs/demo",
@@ -422,6 +507,7 @@ class PipelineConfig(StrictModel):
     stages: list[Stage] = Field(
         default_factory=lambda: list(DEFAULT_STAGES), description="Stages to run, in pipeline order."
     )
+    prompts: PromptsConfig = Field(default_factory=PromptsConfig)  # type: ignore[arg-type]
     data: DataConfig = Field(default_factory=DataConfig)  # type: ignore[arg-type]
     synthesize: SynthesizeConfig = Field(default_factory=SynthesizeConfig)  # type: ignore[arg-type]
     server: ServerConfig = Field(default_factory=ServerConfig)  # type: ignore[arg-type]

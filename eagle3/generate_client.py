@@ -1,7 +1,8 @@
 """Generation requests to the SGLang server(s) of a run: token ids in, token ids and a finish reason out.
 
     client = GenerationClient(servers, scfg, stop_ids=..., run_id=...)
-    client.generate(input_ids, sample_id=..., turn=...)  -> Generated(output_ids, finish_reason)
+    client.generate(input_ids, sample_id=..., turn=...[, temperature=..., seed=...])
+                                                        -> Generated(output_ids, finish_reason)
                                                            raises GenerationFailed(reason) when it gives up
 
 Thread-safe: synthesize calls `generate` from `synthesize.concurrency` threads at once; each call goes to the
@@ -101,15 +102,23 @@ class GenerationClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def sampling_params(self) -> dict[str, Any]:
+    def sampling_params(self, temperature: float | None = None, seed: int | None = None) -> dict[str, Any]:
+        """The request's sampling: synthesize's settings, or this request's temperature; `seed` is sent as
+        SGLang's sampling_seed (honoured by servers launched with --enable-deterministic-inference)."""
         s = self.scfg
-        params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": s.temperature,
+        temp = s.temperature if temperature is None else temperature
+        params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, "temperature": temp,
                                   "stop_token_ids": self.stop_ids}  # fmt: skip
-        if s.temperature > 0:
+        if temp > 0:
             params["top_p"] = s.top_p
+            if seed is not None:
+                params["sampling_seed"] = seed
         return params
 
-    def generate(self, input_ids: list[int], *, sample_id: str, turn: int) -> Generated:
+    def generate(
+        self, input_ids: list[int], *, sample_id: str, turn: int, temperature: float | None = None,
+        seed: int | None = None,
+    ) -> Generated:  # fmt: skip
         retries = self.scfg.request_retries
         last = "not attempted"
         for attempt in range(retries + 1):
@@ -121,7 +130,7 @@ class GenerationClient:
             index = self._checkout()
             generation = self._generation[index]
             try:
-                return self._attempt(self.servers[index], rid, input_ids)
+                return self._attempt(self.servers[index], rid, input_ids, self.sampling_params(temperature, seed))
             except _Refused as e:
                 raise GenerationFailed(f"rid {rid}: {e}") from None
             except _Transient as e:
@@ -139,8 +148,8 @@ class GenerationClient:
             self._in_flight[index] += 1
             return index
 
-    def _attempt(self, server: Server, rid: str, input_ids: list[int]) -> Generated:
-        body = {"input_ids": input_ids, "rid": rid, "sampling_params": self.sampling_params()}
+    def _attempt(self, server: Server, rid: str, input_ids: list[int], sampling: dict[str, Any]) -> Generated:
+        body = {"input_ids": input_ids, "rid": rid, "sampling_params": sampling}
         timeout = self.scfg.request_timeout_s
         try:
             r = self._http.post(f"{server.url}/generate", json=body, timeout=timeout)

@@ -13,13 +13,15 @@ from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task, run_dir_task
 from tasks.prepare import prepare_task
+from tasks.prompts import prompts_task
 from tasks.synthesize import synthesize_task
 
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
 @reports_failure
 def pipeline(config: PipelineConfig) -> str | State:
-    """prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─► evaluate ─► summary
+    """[prompts] ─► prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─►
+    evaluate ─► summary
 
     Runs the stages listed in `config.stages`; returns the run directory (the store). The last artifact,
     `<run>-run-summary`, says what the run left where and links the stages' artifacts. Ends Failed when the
@@ -31,7 +33,9 @@ def pipeline(config: PipelineConfig) -> str | State:
     """
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once
-    with flow_context() as ctx:  # one launch of each SGLang server for synthesize and extract; stopped after both
+    with flow_context() as ctx:  # one launch of each SGLang server for prompts, synthesize and extract; then stopped
+        if "prompts" in config.stages:
+            prompts_task(config, model_dir, ctx)
         if "prepare" in config.stages:
             prepare_task(config, model_dir)
         if "synthesize" in config.stages:

@@ -248,6 +248,7 @@ def markdown_artifact(key: str, markdown: str, description: str) -> UUID:
 
 #: What the summary links to in the UI: stage artifacts (keyed per run directory) that exist after each stage.
 STAGE_ARTIFACTS = {
+    "prompts": ["prompts-progress", "prompts-summary"],
     "prepare": ["prepare-progress"],
     "synthesize": ["synthesize-progress", "synthesize-summary", "synthesize-failed"],
     "extract": ["extract-progress", "extract-shards", "extract-failed-shards", "extract-summary"],

@@ -1,0 +1,100 @@
+"""Near-duplicate prompts: Jaccard similarity of word n-gram shingles over normalized text (no MinHash: exact,
+cheap at corpus-of-prompts sizes, and deterministic).
+
+    normalize("Write a POEM, about cats!")         -> "write a poem about cats"
+    shingles(text, n=3)                            -> {"write a poem", "a poem about", "poem about cats"}
+    NearDuplicates(n=3, threshold=0.7)             an index; .match(text) -> the first kept text it nearly equals
+    dedup(texts, n, threshold, against=...)        -> (kept indices, dropped: index -> why)
+
+Two texts are near-duplicates when the Jaccard similarity of their shingle sets is >= threshold, or when their
+normalized texts are equal (short texts, fewer words than n, compare as one shingle). Candidates are found
+through an inverted index on shingles, so a text is compared only with texts that share at least one shingle.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+_WORD = re.compile(r"[^\W_]+", re.UNICODE)
+
+
+def normalize(text: str) -> str:
+    """Lower case, NFKC, words only (punctuation and whitespace runs become one space)."""
+    return " ".join(_WORD.findall(unicodedata.normalize("NFKC", text).casefold()))
+
+
+def shingles(text: str, n: int) -> frozenset[str]:
+    """The word n-grams of normalize(text); a text of fewer than n words is one shingle (itself)."""
+    words = normalize(text).split()
+    if len(words) < n:
+        return frozenset([" ".join(words)]) if words else frozenset()
+    return frozenset(" ".join(words[i : i + n]) for i in range(len(words) - n + 1))
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+@dataclass
+class NearDuplicates:
+    """An index of texts; `match` finds a kept text that a new one nearly equals."""
+
+    n: int = 3
+    threshold: float = 0.7
+    _sets: list[frozenset[str]] = field(default_factory=list)
+    _labels: list[str] = field(default_factory=list)
+    _by_shingle: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, text: str, label: str) -> None:
+        s = shingles(text, self.n)
+        i = len(self._sets)
+        self._sets.append(s)
+        self._labels.append(label)
+        for sh in s:
+            self._by_shingle.setdefault(sh, []).append(i)
+
+    def match(self, text: str) -> tuple[str, float] | None:
+        """(label of the most similar indexed text, similarity) when it is >= threshold, else None."""
+        s = shingles(text, self.n)
+        candidates = {i for sh in s for i in self._by_shingle.get(sh, ())}
+        best: tuple[str, float] | None = None
+        for i in sorted(candidates):
+            sim = jaccard(s, self._sets[i])
+            if sim >= self.threshold and (best is None or sim > best[1]):
+                best = (self._labels[i], sim)
+        return best
+
+
+def dedup(
+    texts: Sequence[str],
+    n: int = 3,
+    threshold: float = 0.7,
+    *,
+    against: Iterable[tuple[str, str]] = (),
+) -> tuple[list[int], dict[int, str]]:
+    """Keep the first of each group of near-duplicate texts, in order; drop any text near one of `against`
+    ((label, text) pairs, e.g. evaluation prompts that training must not contain). Returns the kept indices and,
+    for each dropped index, the reason (what it nearly equals)."""
+    blocked = NearDuplicates(n, threshold)
+    for label, text in against:
+        blocked.add(text, label)
+    kept_index = NearDuplicates(n, threshold)
+    kept: list[int] = []
+    dropped: dict[int, str] = {}
+    for i, text in enumerate(texts):
+        hit = blocked.match(text)
+        if hit is not None:
+            dropped[i] = f"near {hit[0]} (similarity {hit[1]:.2f})"
+            continue
+        hit = kept_index.match(text)
+        if hit is not None:
+            dropped[i] = f"near-duplicate of prompt {hit[0]} (similarity {hit[1]:.2f})"
+            continue
+        kept_index.add(text, str(i))
+        kept.append(i)
+    return kept, dropped
