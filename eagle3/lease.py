@@ -30,8 +30,7 @@ from eagle3.lock import (
     RunLockedError,
     judge,
 )
-
-LEASE_DIR = "leases"
+from eagle3.run_paths import RunPaths
 
 
 class ShardLeaseLostError(RuntimeError):
@@ -39,7 +38,7 @@ class ShardLeaseLostError(RuntimeError):
 
 
 def lease_path(run_dir: str | Path, shard: int) -> Path:
-    return Path(run_dir) / LEASE_DIR / f"shard-{shard:05d}.lease"
+    return RunPaths(run_dir).lease_path(shard)
 
 
 class ShardLease(HeldFile):
@@ -121,7 +120,7 @@ class ShardLease(HeldFile):
 def live_leases(run_dir: str | Path, host: str | None = None) -> list[tuple[Path, LockState]]:
     """(path, state) of every shard lease in `run_dir` that a live process holds, in shard order."""
     out = []
-    for path in sorted((Path(run_dir) / LEASE_DIR).glob("shard-*.lease")):
+    for path in RunPaths(run_dir).lease_paths():
         try:
             state = judge(path, DEFAULT_TTL_S, host)
         except FileNotFoundError:

@@ -16,13 +16,14 @@ import datetime as dt
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json, safe_name
+from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json
+from eagle3.run_paths import SAMPLE_SUFFIX, RunPaths
 from eagle3.sample_format import (
     FP8,
     FP8_NAME,
@@ -32,6 +33,13 @@ from eagle3.sample_format import (
     read_sample,
     verify_sample,
 )
+
+if TYPE_CHECKING:  # the later stages' records import this module; their readers below import them when called
+    from eagle3.convert.stage import ConvertResult
+    from eagle3.evaluate.live import LiveEvalResult
+    from eagle3.evaluate.offline import OfflineEvalResult
+    from eagle3.export import ExportResult
+    from eagle3.promote import Decision
 
 ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
 #: data settings that change what a sample is: a store never mixes samples made under two of them.
@@ -162,42 +170,14 @@ PREPARED_SCHEMA = pa.schema(
 )
 
 
-class RunStore:
-    """Paths and typed access to one run directory."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    # paths -------------------------------------------------------------------------------
-    @property
-    def run_json(self) -> Path:
-        return self.root / "run.json"
-
-    @property
-    def prepared_dir(self) -> Path:
-        return self.root / "prepared"
-
-    def prepared_shard_path(self, shard: int) -> Path:
-        return self.prepared_dir / f"shard-{shard:05d}.arrow"
-
-    def shard_dir(self, shard: int) -> Path:
-        return self.root / "shards" / f"shard-{shard:05d}"
-
-    def manifest_path(self, shard: int) -> Path:
-        return self.shard_dir(shard) / "manifest.json"
-
-    def sample_path(self, shard: int, sample_id: str) -> Path:
-        return self.shard_dir(shard) / self.sample_name(sample_id)
-
-    @staticmethod
-    def sample_name(sample_id: str) -> str:
-        return f"{safe_name(sample_id)}.safetensors"
+class RunStore(RunPaths):
+    """Paths (RunPaths) and typed access to one run directory: the only reader of its files."""
 
     def sample_file_sizes(self, shard: int) -> dict[str, int]:
         """File name -> size of the sample files in shard's directory (one listing; no file is opened)."""
         try:
             with os.scandir(self.shard_dir(shard)) as it:
-                return {e.name: e.stat().st_size for e in it if e.name.endswith(".safetensors") and e.is_file()}
+                return {e.name: e.stat().st_size for e in it if e.name.endswith(SAMPLE_SUFFIX) and e.is_file()}
         except FileNotFoundError:
             return {}
 
@@ -205,16 +185,63 @@ class RunStore:
     def read_run_info(self) -> RunInfo | None:
         return RunInfo.model_validate(read_json(self.run_json)) if self.run_json.exists() else None
 
+    def require_run_info(self, fix: str = "run the extract stage (or an import) first") -> RunInfo:
+        """run.json, or FileNotFoundError naming it and `fix`."""
+        info = self.read_run_info()
+        if info is None:
+            raise FileNotFoundError(f"{self.run_json} missing: {fix}")
+        return info
+
     def write_run_info(self, info: RunInfo) -> None:
         atomic_write_json(self.run_json, info.model_dump(mode="json"))
 
+    # later stages' records: each file read with the model its writer defines ----------------
+    def read_convert_result(self) -> ConvertResult | None:
+        """convert.json, None when there is none (a file that does not validate raises, naming it)."""
+        from eagle3.convert.stage import ConvertResult
+
+        return _read_model(self.convert_json, ConvertResult)
+
+    def read_latest_checkpoint(self) -> tuple[int, Path] | None:
+        """(step, directory) that train/checkpoints/latest.json names, None when there is none."""
+        from eagle3.draft.checkpoint import read_latest
+
+        return read_latest(self.train.checkpoints_dir)
+
+    def read_latest_export(self) -> ExportResult | None:
+        """draft/latest/export.json: the newest export."""
+        from eagle3.export import read_export
+
+        return read_export(self.draft_latest)
+
+    def read_promotion(self) -> Decision | None:
+        """draft/promotion.json: the last promotion decision."""
+        from eagle3.promote import Decision
+
+        return _read_model(self.promotion_json, Decision)
+
+    def read_offline_eval(self) -> OfflineEvalResult | None:
+        """eval/offline.json; None when there is none or it is of an older format (it is measured again)."""
+        from eagle3.evaluate.offline import OFFLINE_FORMAT, OfflineEvalResult
+
+        path = self.offline_eval_json
+        if not path.is_file() or read_json(path).get("format") != OFFLINE_FORMAT:
+            return None
+        return _read_model(path, OfflineEvalResult)
+
+    def read_live_eval(self) -> LiveEvalResult | None:
+        """eval/live.json."""
+        from eagle3.evaluate.live import LiveEvalResult
+
+        return _read_model(self.live_eval_json, LiveEvalResult)
+
     # prepared data -----------------------------------------------------------------------
     def read_prepared_manifest(self) -> PreparedManifest | None:
-        p = self.prepared_dir / "manifest.json"
+        p = self.prepared_manifest_path
         return PreparedManifest.model_validate(read_json(p)) if p.exists() else None
 
     def write_prepared_manifest(self, m: PreparedManifest) -> None:
-        atomic_write_json(self.prepared_dir / "manifest.json", m.model_dump(mode="json"))
+        atomic_write_json(self.prepared_manifest_path, m.model_dump(mode="json"))
 
     def write_prepared_shard(self, shard: int, table: pa.Table) -> None:
         sink = pa.BufferOutputStream()
@@ -248,6 +275,12 @@ class RunStore:
     def read_manifest(self, shard: int) -> ShardManifest | None:
         p = self.manifest_path(shard)
         return ShardManifest.model_validate(read_json(p)) if p.exists() else None
+
+    def read_manifest_fast(self, shard: int) -> dict[str, Any] | None:
+        """A shard's manifest.json as plain JSON, not validated: validating thousands of entries costs more than
+        the checks that only need its status, sample ids, sizes and token total."""
+        p = self.manifest_path(shard)
+        return read_json(p) if p.is_file() else None  # type: ignore[no-any-return]
 
     def write_manifest(self, m: ShardManifest) -> None:
         m.updated_at = now()
@@ -296,6 +329,21 @@ class RunStore:
         for m in self.manifests():
             for sid in m.samples:
                 yield m.shard, sid, self.sample_path(m.shard, sid)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _read_model(path: Path, model: type[M]) -> M | None:
+    """The record in `path`, None when there is no file; one that does not parse raises naming the file."""
+    if not path.is_file():
+        return None
+    try:
+        return model.model_validate(read_json(path))
+    except ValueError as e:  # JSONDecodeError, ValidationError
+        raise ValueError(
+            f"{path}: not a valid {model.__name__} ({e}); delete it and re-run the stage that writes it"
+        ) from e
 
 
 class PreparedSample:

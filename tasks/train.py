@@ -19,10 +19,11 @@ from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
-from eagle3.fsio import read_json
+from eagle3.draft.checkpoint import read_state
 from eagle3.progress import Progress
 from eagle3.promote import current_link, pointed
 from eagle3.retrain import TrainPlan, archive_training, plan_training
+from eagle3.run_paths import RunPaths, TrainPaths
 from eagle3.train import TrainJob, read_job, write_job
 from eagle3.train_launch import (
     MetricsTail,
@@ -55,15 +56,15 @@ class TrainSummary(BaseModel):
 
 
 def train_dir(config: PipelineConfig) -> Path:
-    return Path(config.run_dir) / "train"
+    return RunPaths(config.run_dir).train.root
 
 
 def check_inputs(config: PipelineConfig) -> None:
-    run = Path(config.run_dir)
-    for name in ("run.json", "vocab_map.safetensors", "index.arrow"):
-        if not (run / name).is_file():
+    run = RunPaths(config.run_dir)
+    for path in (run.run_json, run.vocab_map_path, run.index_path):
+        if not path.is_file():
             raise FileNotFoundError(
-                f"{run / name} is missing: train reads the store and what convert builds; run the stages "
+                f"{path} is missing: train reads the store and what convert builds; run the stages "
                 "extract and convert first (stages: [..., extract, convert, train])"
             )
 
@@ -73,8 +74,9 @@ class TrainReporter:
 
     def __init__(self, config: PipelineConfig, out: Path, logger: Any):
         self.config, self.out, self.logger = config, out, logger
+        self.paths = TrainPaths(out)
         self.progress = TaskProgress(logger, "train", key=run_key(config.run_dir, "train-progress"), unit="steps")
-        self.tail = MetricsTail(out / "metrics.jsonl")
+        self.tail = MetricsTail(self.paths.metrics)
         self.t0 = time.monotonic()
         self.tokens = 0
         self.last: dict[str, Any] = {}
@@ -95,7 +97,7 @@ class TrainReporter:
     def publish(self) -> None:
         """The TTT table of the latest record and the curves so far (new versions of the same keys)."""
         self.last_table = time.monotonic()
-        records = read_metrics(self.out / "metrics.jsonl")
+        records = read_metrics(self.paths.metrics)
         if not records:
             return
         last = records[-1]
@@ -106,11 +108,11 @@ class TrainReporter:
                 f"Step {last['step']}/{last['total_steps']}: loss {last['loss']:.4f}, "
                 f"{last['tokens_per_s']:.0f} tok/s, data wait {100 * last['data_wait_frac']:.1f}% of step time",
             )
-            png = write_curves(records, self.out / "curves.png")
+            png = write_curves(records, self.paths.curves)
             markdown_artifact(
                 run_key(self.config.run_dir, "train-curves"),
                 f"![training curves](data:image/png;base64,{base64.b64encode(png).decode()})\n\n"
-                f"`{(self.out / 'curves.png').resolve()}`; TensorBoard: `tensorboard --logdir {self.out / 'tb'}`",
+                f"`{self.paths.curves.resolve()}`; TensorBoard: `tensorboard --logdir {self.paths.tensorboard_dir}`",
                 f"Training curves to step {last['step']}",
             )
         except Exception as e:  # a view of the training; never fail it
@@ -157,14 +159,15 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
         )
     reporter = TrainReporter(config, out, logger)
     job = new_job(config, model_dir, plan, out)
-    write_job(out / "job.json", job)
+    paths = TrainPaths(out)
+    write_job(paths.job_json, job)
     nproc = config.train.nproc
-    cmd = torchrun_command(out / "job.json", nproc)
-    logger.info("train: %s (log: %s)", " ".join(cmd), out / "train.log")
+    cmd = torchrun_command(paths.job_json, nproc)
+    logger.info("train: %s (log: %s)", " ".join(cmd), paths.log)
     with (
         reporter.progress,
         hold_gpus(nproc),
-        TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc)) as proc,
+        TrainProcess(cmd, log_path=paths.log, env=train_env(nproc)) as proc,
     ):
         for line in proc.lines():
             # the worker's own progress lines stay in train.log: TaskProgress logs the same, with a bar
@@ -176,7 +179,7 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     reporter.publish()
     if code != 0:
         tail = "\n".join(proc.tail[-15:])
-        raise TrainFailedError(f"torchrun exited with {code}; whole log: {out / 'train.log'}; last lines:\n{tail}")
+        raise TrainFailedError(f"torchrun exited with {code}; whole log: {paths.log}; last lines:\n{tail}")
     ckpt = finished_checkpoint(out, config.train)
     if ckpt is None:
         raise TrainFailedError(f"torchrun exited 0 but {out / 'checkpoints'} holds no final checkpoint")
@@ -185,8 +188,8 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
 
 def new_job(config: PipelineConfig, model_dir: str, plan: TrainPlan, out: Path) -> TrainJob:
     """The job file of this training: a resumed one keeps the store state and warm start it began with."""
-    if plan.action == "resume" and (out / "job.json").is_file():
-        old = read_job(out / "job.json")
+    if plan.action == "resume" and TrainPaths(out).job_json.is_file():
+        old = read_job(TrainPaths(out).job_json)
         init_from, key, tokens = old.init_from, old.data_key, old.data_tokens
     else:
         key, tokens = plan.data_key, plan.data_tokens
@@ -204,7 +207,7 @@ def new_job(config: PipelineConfig, model_dir: str, plan: TrainPlan, out: Path) 
 def summary(
     out: Path, ckpt: Path, *, launched: bool, last: dict[str, Any], waiting: bool = False, reason: str = ""
 ) -> TrainSummary:
-    state = read_json(ckpt / "state.json")
+    state = read_state(ckpt)
     return TrainSummary(
         out_dir=str(out),
         checkpoint=str(ckpt),
