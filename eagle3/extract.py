@@ -126,7 +126,7 @@ def check_same_run(old: RunInfo, new: RunInfo, store: RunStore) -> None:
         raise RunMismatchError(
             f"{store.run_json} was written for different data:\n  " + "\n  ".join(diffs) + "\n"
             "Samples from both would be mixed. Choose a new run_dir (it may contain {date} or {model_sha}), or "
-            f"delete {store.root / 'shards'} and {store.run_json} to start this store over."
+            f"delete {store.shards_dir} and {store.run_json} to start this store over."
         )
 
 

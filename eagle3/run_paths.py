@@ -126,8 +126,12 @@ class RunPaths:
         return self.synthesized_samples_dir / f"{sample_id}.json"
 
     # extracted samples -------------------------------------------------------------------
+    @property
+    def shards_dir(self) -> Path:
+        return self.root / "shards"
+
     def shard_dir(self, shard: int) -> Path:
-        return self.root / "shards" / shard_name(shard)
+        return self.shards_dir / shard_name(shard)
 
     def manifest_path(self, shard: int) -> Path:
         return self.shard_dir(shard) / "manifest.json"

@@ -182,7 +182,7 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
         raise TrainFailedError(f"torchrun exited with {code}; whole log: {paths.log}; last lines:\n{tail}")
     ckpt = finished_checkpoint(out, config.train)
     if ckpt is None:
-        raise TrainFailedError(f"torchrun exited 0 but {out / 'checkpoints'} holds no final checkpoint")
+        raise TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")
     return summary(out, ckpt, launched=True, last=reporter.last, reason=plan.reason)
 
 

@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
+from eagle3.run_paths import TrainPaths
 
 CKPT_FORMAT = "eagle3-train-checkpoint/1"
 WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file
@@ -186,7 +187,7 @@ def resolve_checkpoint(path: Path) -> Path:
     path = Path(path)
     if (path / WEIGHTS).is_file():
         return path
-    for root in (path, path / "checkpoints"):
+    for root in (path, TrainPaths(path).checkpoints_dir):
         found = latest_checkpoint(root)
         if found is not None:
             return found
