@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json
 from eagle3.run_paths import SAMPLE_SUFFIX, RunPaths
@@ -340,10 +340,12 @@ def _read_model(path: Path, model: type[M]) -> M | None:
         return None
     try:
         return model.model_validate(read_json(path))
-    except ValueError as e:  # JSONDecodeError, ValidationError
-        raise ValueError(
-            f"{path}: not a valid {model.__name__} ({e}); delete it and re-run the stage that writes it"
-        ) from e
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<top>'}: {err['msg']}" for err in e.errors()[:4])
+        why = f"{e.error_count()} bad fields, {bad}"
+    except ValueError as e:  # not JSON
+        why = str(e)
+    raise ValueError(f"{path}: not a valid {model.__name__} ({why}); delete it and re-run the stage that writes it")
 
 
 class PreparedSample:
