@@ -32,7 +32,7 @@ from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.evaluate.live import LiveEvalResult, ServerRun, evaluate_live, serve_and_measure
 from eagle3.export import export_draft
 from eagle3.model_files import model_fingerprint, read_model_facts, resolve_model
-from eagle3.server import resolve_device
+from eagle3.sglang_server import resolve_device
 from eagle3.store import RunInfo, RunStore
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,7 +36,7 @@ from eagle3.prepare import prepare
 from eagle3.progress import Progress
 from eagle3.store import RunStore
 from eagle3.synthesize import synthesize
-from eagle3.train import Trainer, TrainJob
+from eagle3.train.trainer import Trainer, TrainJob
 
 
 def printer(every_s: float = 15.0) -> Any:
@@ -134,7 +134,7 @@ def main() -> None:
     with stage("prepare", results):
         prepare(cfg, store, model_dir, printer())
     with stage("synthesize", results):
-        manifest = synthesize(cfg, store, model_dir, printer())
+        manifest = synthesize(cfg, store, model_dir, printer()).manifest
         results["samples"], results["tokens"] = manifest.num_samples, manifest.num_tokens
     with stage("extract", results):
         engine = build_engine(cfg, model_dir)

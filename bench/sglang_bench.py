@@ -35,8 +35,8 @@ from eagle3.config import PipelineConfig
 from eagle3.engines.base import Dumped
 from eagle3.engines.sglang_engine import SGLangEngine
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.server import SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_server import SGLangServer
 from eagle3.store import PreparedSample
 
 

@@ -311,8 +311,7 @@ def cmd_status(run_dir: Path) -> int:
 
 
 def print_lock(console: Console, run_dir: Path) -> None:
-    from eagle3.lease import live_leases
-    from eagle3.lock import lock_state
+    from eagle3.lock import live_leases, lock_state
 
     state = lock_state(run_dir)
     console.print(f"lock: {state.describe()}" if state else "lock: free (no run holds this directory)")
@@ -323,7 +322,7 @@ def print_lock(console: Console, run_dir: Path) -> None:
 def print_failed_shards(console: Console, store: RunStore, run_dir: Path) -> None:
     from rich.table import Table
 
-    from eagle3.retry import failed_shards
+    from eagle3.failed_shards import failed_shards
 
     failed = failed_shards(store)
     if not failed:

@@ -238,7 +238,7 @@ class TrainConfig(StrictModel):
     checkpoint_every: int = Field(200, gt=0, description="Steps between atomic checkpoints.")
     log_every: int = Field(10, gt=0, description="Steps between metric reports.")
     seed: int = Field(0, description="Data order and init seed.")
-    # added with the trainer (eagle3/train.py) ---------------------------------------------------
+    # added with the trainer (eagle3/train/trainer.py) ---------------------------------------------------
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto",
         description="`bf16`: bf16 autocast over fp32 master weights. `fp32`: no autocast. "

@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Literal
 
 from eagle3 import dump_protocol as proto
+from eagle3.aux_layers import resolve_aux_layers
 from eagle3.config import PipelineConfig
-from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.server import SUPPORTED_SGLANG, ServerError, SGLangServer, resolve_device
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
+from eagle3.sglang_server import SUPPORTED_SGLANG, ServerError, SGLangServer, resolve_device
 from eagle3.store import PreparedSample
 
 Status = Literal["ok", "warn", "fail", "skip"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from eagle3.fsio import atomic_write_json, safe_name
 
-# Environment of the SGLang server process (set by eagle3/server.py, read by server_patch only).
+# Environment of the SGLang server process (set by eagle3/sglang_server.py, read by server_patch only).
 ENV_DUMP_DIR = "EAGLE3_DUMP_DIR"  # the hook is inert unless this names a directory
 ENV_RID_PREFIX = "EAGLE3_RID_PREFIX"  # capture only requests whose rid starts with this (default "e3-")
 ENV_AUX_LAYERS = "EAGLE3_AUX_LAYERS"  # HF indices "2,15,27": the hook checks SGLang captures exactly these

@@ -9,7 +9,7 @@ server with the fewest requests in flight, so the load spreads over every server
 request id, `syn-<run id>[.<attempt>]-<sample id>-t<turn>`: never the extraction prefix `e3-` (the hook
 captures only that, eagle3/dump_protocol.py), never a duplicate in-flight rid after a timed-out attempt.
 A timeout aborts its rid; a timeout, an HTTP error or a 5xx is retried (`synthesize.request_retries`, backoff),
-after a restart of the server when it died (at most `server.max_restarts`, eagle3/server.py); a 4xx (the server
+after a restart of the server when it died (at most `server.max_restarts`, eagle3/sglang_server.py); a 4xx (the server
 refuses this request, e.g. longer than its context) fails the request at once.
 """
 
@@ -33,7 +33,7 @@ assert not RID_PREFIX.startswith(proto.RID_PREFIX)  # the hook must never captur
 
 
 class Server(Protocol):
-    """What the client needs of a server (eagle3.server.SGLangServer)."""
+    """What the client needs of a server (eagle3.sglang_server.SGLangServer)."""
 
     url: str
 

@@ -115,16 +115,3 @@ class ShardLease(HeldFile):
         if self.under is not None and state.owner is not None and state.owner.token == self.under.owner.token:
             return None  # our own run's lock
         return state
-
-
-def live_leases(run_dir: str | Path, host: str | None = None) -> list[tuple[Path, LockState]]:
-    """(path, state) of every shard lease in `run_dir` that a live process holds, in shard order."""
-    out = []
-    for path in RunPaths(run_dir).lease_paths():
-        try:
-            state = judge(path, DEFAULT_TTL_S, host)
-        except FileNotFoundError:
-            continue
-        if state.stale is None:
-            out.append((path, state))
-    return out

@@ -2,6 +2,8 @@
 shard leases (eagle3/lease.py).
 
     <run_dir>/.lock        exists while a run holds the directory; JSON owner {host, pid, started_at, token, ...}
+    live_leases(run_dir)   the shard leases (<run_dir>/leases/, eagle3/lease.py) a live process holds; here, not
+                           in eagle3/lease.py, so that RunLock can check them and eagle3.lease imports only this
 
 Design (docs/operations.md, "Two runs on one run directory"; docs/multinode.md for leases):
 * Acquire = create the file exclusively. The owner JSON is written and fsynced to a temporary file first and
@@ -42,6 +44,7 @@ from pathlib import Path
 from types import TracebackType
 
 from eagle3.fsio import fsync_dir
+from eagle3.run_paths import RunPaths
 
 LOCK_NAME = ".lock"
 DEFAULT_TTL_S = 600.0
@@ -416,10 +419,21 @@ class RunLock(HeldFile):
     def _refuse_live_leases(self) -> None:
         """An exclusive holder must not share the directory with another run's shard leases (they check
         `.lock` after taking a lease, this checks the leases after taking `.lock`: one of two racers sees the other)."""
-        from eagle3.lease import live_leases  # eagle3.lease builds on this module
-
         live = live_leases(self.run_dir, host=self.owner.host)
         if live:
             path, state = live[0]
             self.release()
             raise RunLockedError(path, state, self.ttl_s, run_dir=self.run_dir)
+
+
+def live_leases(run_dir: str | Path, host: str | None = None) -> list[tuple[Path, LockState]]:
+    """(path, state) of every shard lease in `run_dir` that a live process holds, in shard order."""
+    out = []
+    for path in RunPaths(run_dir).lease_paths():
+        try:
+            state = judge(path, DEFAULT_TTL_S, host)
+        except FileNotFoundError:
+            continue
+        if state.stale is None:
+            out.append((path, state))
+    return out

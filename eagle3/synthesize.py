@@ -563,8 +563,8 @@ def open_servers(cfg: PipelineConfig, model_dir: Path, base_env: dict[str, str],
     starts and stops them. A pipeline run hands synthesize the servers its extraction uses instead."""
     import socket
 
-    from eagle3.server import SGLangServer
-    from eagle3.servers import server_specs
+    from eagle3.server_specs import server_specs
+    from eagle3.sglang_server import SGLangServer
 
     return [
         SGLangServer(

@@ -8,11 +8,11 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from tasks.extract import disk_budget_task, open_run_task, run_shards
-from tasks.extract_hold import run_lock
-from tasks.extract_plan import ExtractSummary
-from tasks.extract_report import extract_outcome, outcomes, report_extract_task
-from tasks.extract_servers import engine_session
+from tasks.extract.hold import run_lock
+from tasks.extract.plan import ExtractSummary
+from tasks.extract.report import extract_outcome, outcomes, report_extract_task
+from tasks.extract.servers import engine_session
+from tasks.extract.shards import disk_budget_task, open_run_task, run_shards
 from tasks.failure import reports_failure
 from tasks.model import resolve_model_task, run_dir_task
 

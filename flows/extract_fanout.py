@@ -6,7 +6,7 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from tasks.extract_fanout import (
+from tasks.extract.fanout import (
     FanoutSummary,
     fanout_outcome,
     launch_children_task,

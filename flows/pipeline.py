@@ -9,7 +9,7 @@ from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
-from tasks.extract_servers import engine_session
+from tasks.extract.servers import engine_session
 from tasks.failure import reports_failure
 from tasks.model import resolve_model_task, run_dir_task
 from tasks.prepare import prepare_task

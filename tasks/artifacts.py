@@ -28,8 +28,8 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
+from eagle3.failed_shards import shard_summaries
 from eagle3.progress import Progress
-from eagle3.retry import shard_summaries
 from eagle3.store import RunStore
 
 _KEY_JUNK = re.compile(r"[^a-z0-9]+")

@@ -14,7 +14,7 @@ from eagle3.promote import Decision, EvalRecord, EvalSet, SetRecord, latest_link
 from tasks.artifacts import markdown_artifact, run_key
 from tasks.evaluate import EvalSummary
 from tasks.export import serve_command
-from tasks.extract_report import emit_run_event
+from tasks.extract.report import emit_run_event
 
 PROMOTE_TIMEOUT_S = 5 * 60  # hashes the evaluation set, writes two small files and a symlink
 

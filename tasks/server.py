@@ -15,9 +15,9 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
-from eagle3.server import FLOW_RUN_ENV
 from eagle3.server_record import reap_orphans_under
-from tasks.extract_report import emit_run_event
+from eagle3.sglang_server import FLOW_RUN_ENV
+from tasks.extract.report import emit_run_event
 
 
 def server_env() -> dict[str, str]:

@@ -11,7 +11,7 @@ from eagle3.config import PipelineConfig
 from eagle3.store import PreparedManifest, RunStore
 from eagle3.synthesize import SynthesizeSummary, synthesize
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
-from tasks.extract_servers import server_pool
+from tasks.extract.servers import server_pool
 from tasks.server import reap_orphan_servers
 
 SYNTHESIZE_TIMEOUT_S = 48 * 3600  # the case study generated 10K conversations

@@ -1,4 +1,4 @@
-"""train: torchrun as a child process (eagle3.train_launch) while holding the `gpu` concurrency limit.
+"""train: torchrun as a child process (eagle3.train.launch) while holding the `gpu` concurrency limit.
 
 Its log streams into the task's log (and `<run_dir>/train/train.log`); metrics.jsonl feeds the progress
 artifact (steps, tok/s, ETA) as they come, and every `TABLE_EVERY_S` plus at the end the per-TTT-step table
@@ -24,8 +24,7 @@ from eagle3.progress import Progress
 from eagle3.promote import current_link, pointed
 from eagle3.retrain import TrainPlan, archive_training, plan_training
 from eagle3.run_paths import RunPaths, TrainPaths
-from eagle3.train import TrainJob, read_job, write_job
-from eagle3.train_launch import (
+from eagle3.train.launch import (
     MetricsTail,
     TrainProcess,
     finished_checkpoint,
@@ -33,7 +32,8 @@ from eagle3.train_launch import (
     torchrun_command,
     train_env,
 )
-from eagle3.train_plot import ttt_table, write_curves
+from eagle3.train.plot import ttt_table, write_curves
+from eagle3.train.trainer import TrainJob, read_job, write_job
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
 
 GPU_LIMIT = "gpu"  # the global concurrency limit deploy/deployments.py sizes to the node

@@ -4,7 +4,7 @@ A test session leaves no process behind, whether it finishes or is stopped with 
 operator, deploy/run_tests.sh forwarding one):
 * SIGTERM is turned into KeyboardInterrupt (and stops the session), so fixtures are torn down: a Prefect server,
   an SGLang server, a worker started by a fixture stops. pytest's default SIGTERM would end it without teardown.
-  (The SGLang servers and trainers go with this process in any case: eagle3/keeper.py, eagle3/train_launch.py.)
+  (The SGLang servers and trainers go with this process in any case: eagle3/keeper.py, eagle3/train/launch.py.)
 * Every process the session starts inherits SESSION_ENV; at the very end (after the session fixtures' teardown)
   the project's processes that still carry this session's mark (Prefect servers and workers, SGLang servers and
   their keepers, torchrun, eagle3) are listed, killed, and fail the run.
@@ -26,7 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
 SESSION_ENV = "PYTEST_PROJECT_SESSIONS"  # not EAGLE3_*: the SGLang launch drops those from the server's environment
-PROJECT_SIGNS = ("prefect", "sglang", "eagle3", "torch.distributed", "torchrun", "train_worker", "uvicorn")
+PROJECT_SIGNS = ("prefect", "sglang", "eagle3", "torch.distributed", "torchrun", "eagle3.train.worker", "uvicorn")
 # Servers stopped by the last teardown (SIGTERM, grace) may take a few seconds to go.
 LEFTOVER_WAIT_S = float(os.environ.get("PYTEST_LEFTOVER_WAIT_S", "20"))
 EPHEMERAL_PREFECT = "prefect.server.api.server:create_app"

@@ -9,8 +9,8 @@ Layer-index conventions and the file layouts: docs/formats.md.
 
 from eagle3.convert.common import (
     ConvertError,
-    ExportResult,
     ImportResult,
+    PeerExportResult,
     PeerFormatError,
     TargetModel,
     hf_to_specforge,
@@ -28,9 +28,9 @@ __all__ = [
     "INDEX_SCHEMA",
     "ConvertError",
     "ConvertResult",
-    "ExportResult",
     "FinalNorm",
     "ImportResult",
+    "PeerExportResult",
     "PeerFormatError",
     "TargetModel",
     "VocabMap",

@@ -125,7 +125,7 @@ class ExportSidecar(Record):
     samples: list[SidecarSample]
 
 
-class ExportResult(Record):
+class PeerExportResult(Record):
     peer: str
     out_dir: str
     num_samples: int

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from eagle3.convert.common import (
     SIDECAR,
-    ExportResult,
     ExportSidecar,
+    PeerExportResult,
     PeerFormatError,
     SidecarSample,
     read_sidecar,
@@ -58,8 +58,8 @@ def begin_export(
 def finish_export(
     peer: str, out: Path, jobs: list[SidecarSample], totals: list[int], start: float, peer_ids: list[int],
     notes: list[str],
-) -> ExportResult:  # fmt: skip
-    return ExportResult(
+) -> PeerExportResult:  # fmt: skip
+    return PeerExportResult(
         peer=peer,
         out_dir=str(out),
         num_samples=len(jobs),

@@ -33,8 +33,8 @@ import torch
 from eagle3.config import PipelineConfig
 from eagle3.convert.common import (
     DTYPE_NAMES,
-    ExportResult,
     ImportResult,
+    PeerExportResult,
     PeerFormatError,
     SidecarSample,
     TargetModel,
@@ -79,7 +79,7 @@ def export_specforge(
     include_vocab_map: bool = True,
     workers: int = 4,
     report: ProgressFn = no_progress,
-) -> ExportResult:
+) -> PeerExportResult:
     """Write the store as SpecForge offline features; resumes an interrupted export of the same store."""
     start = time.monotonic()
     out = Path(out_dir)

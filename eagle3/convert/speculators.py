@@ -35,8 +35,8 @@ from safetensors import safe_open
 
 from eagle3.config import PipelineConfig
 from eagle3.convert.common import (
-    ExportResult,
     ImportResult,
+    PeerExportResult,
     PeerFormatError,
     SidecarSample,
     TargetModel,
@@ -165,7 +165,7 @@ def export_speculators(
     include_vocab_map: bool = True,
     workers: int = 4,
     report: ProgressFn = no_progress,
-) -> ExportResult:
+) -> PeerExportResult:
     """Write the store in speculators' offline layout; resumes an interrupted export of the same store."""
     start = time.monotonic()
     out = Path(out_dir)

@@ -18,9 +18,9 @@ from safetensors.torch import load_file
 from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.fsio import read_json
-from eagle3.train import load_target_tensors
+from eagle3.train.trainer import load_target_tensors
 
-EMBEDDING_KEY = "model.embed_tokens.weight"  # the trainer reads the same key (eagle3/train.py)
+EMBEDDING_KEY = "model.embed_tokens.weight"  # the trainer reads the same key (eagle3/train/trainer.py)
 
 
 def load_draft(

@@ -11,7 +11,7 @@ For each sample (at most `extract.window` in flight; 1 = the case study's synchr
      the store. Problems become Failed(sample, reason) after `extract.request_retries` retries with backoff.
 
 Dumps are keyed by rid = "e3-<run id>-<sample id>", so a window > 1 cannot mix samples up. A dead
-server is restarted (at most server.max_restarts times, eagle3/server.py) and the sample retried.
+server is restarted (at most server.max_restarts times, eagle3/sglang_server.py) and the sample retried.
 
 Every attempt at a sample has its own rid (a resend is "e3-<run id>.<attempt>-<sample id>",
 dump_protocol.make_rid). A timed-out request is aborted, but the server may still finish it (a hung
@@ -39,14 +39,14 @@ import torch
 from safetensors import safe_open
 
 from eagle3 import dump_protocol as proto
+from eagle3.aux_layers import resolve_aux_layers
 from eagle3.config import PipelineConfig
 from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.fsio import remove_stale_temps
-from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts
 from eagle3.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
-from eagle3.server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
 from eagle3.store import DTYPES, PreparedSample
 
 log = logging.getLogger("eagle3.sglang")

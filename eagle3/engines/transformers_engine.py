@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
+from eagle3.aux_layers import resolve_aux_layers
 from eagle3.engines.base import Captured, EngineInfo, Failed, Outcome
-from eagle3.layers import resolve_aux_layers
 from eagle3.model_files import read_model_facts
 from eagle3.sample_format import FP8_NAME, quantize_fp8
 from eagle3.store import DTYPES, PreparedSample

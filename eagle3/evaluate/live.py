@@ -4,7 +4,7 @@
                            evaluate=cfg.evaluate, base_env=os.environ, progress=...)   # also <run_dir>/eval/live.json
 
 Phases, each returning its stats:
-    serve     launch SGLang (eagle3/server.py) with the draft (`--speculative-algorithm EAGLE3 ...`), or plain
+    serve     launch SGLang (eagle3/sglang_server.py) with the draft (`--speculative-algorithm EAGLE3 ...`), or plain
     generate  warm up with one short request, then every prompt alone (batch 1, temperature 0, max_new_tokens):
               wall time, completion tokens, and from meta_info `spec_verify_ct` (verify passes) and
               `spec_num_correct_drafts` / `spec_num_proposed_drafts`
@@ -35,7 +35,7 @@ from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.run_paths import RunPaths
-from eagle3.server import ServerError, SGLangServer, resolve_device
+from eagle3.sglang_server import ServerError, SGLangServer, resolve_device
 from eagle3.store import now
 
 LIVE_FORMAT = "eagle3-eval-live/1"

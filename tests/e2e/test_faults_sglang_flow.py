@@ -20,7 +20,7 @@ from tests.integration.test_faults_sglang import assert_exactly_once, wait_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 PORT = 31102
-LAUNCH = "==== eagle3: launching SGLang"  # eagle3/server.py writes it to the server log before each launch
+LAUNCH = "==== eagle3: launching SGLang"  # eagle3/sglang_server.py writes it to the server log before each launch
 
 
 def server_leaders(port: int) -> list[int]:

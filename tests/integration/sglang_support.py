@@ -16,8 +16,8 @@ from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.export import ExportResult, export_draft
 from eagle3.fsio import read_json
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
-from eagle3.server import SGLangServer
 from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_server import SGLangServer
 from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
 from tests.ports import free_port
 

@@ -26,8 +26,8 @@ from eagle3.disk import DiskBudgetError, DiskGuard, run_budget, shard_budget, st
 from eagle3.engines.base import Outcome
 from eagle3.engines.transformers_engine import TransformersEngine
 from eagle3.extract import extract_shard, open_run
+from eagle3.failed_shards import failed_shards, plan_retry, plan_retry_samples
 from eagle3.prepare import prepare
-from eagle3.retry import failed_shards, plan_retry, plan_retry_samples
 from eagle3.sample_format import check_header
 from eagle3.store import PreparedSample, RunInfo, RunStore
 from eagle3.verify import QUARANTINE, verify_run

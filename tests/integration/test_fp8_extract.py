@@ -18,8 +18,8 @@ from eagle3.engines.transformers_engine import TransformersEngine
 from eagle3.extract import RunMismatchError, extract_shard, open_run
 from eagle3.sample_format import FP8, read_sample
 from eagle3.store import RunStore
-from eagle3.train import Trainer, TrainJob
-from eagle3.train_launch import read_metrics
+from eagle3.train.launch import read_metrics
+from eagle3.train.trainer import Trainer, TrainJob
 from eagle3.verify import verify_run
 from tests.integration.sglang_support import token_errors
 from tests.integration.test_extract import TEXTS, write_prepared

@@ -22,7 +22,7 @@ from eagle3.model_files import sha256_file
 from eagle3.prepare import prepare
 from eagle3.promote import EvalRecord, EvalSet, current_link, pointed, promote
 from eagle3.store import RunStore
-from eagle3.train import Trainer, TrainJob
+from eagle3.train.trainer import Trainer, TrainJob
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -18,7 +18,7 @@ from eagle3.engines.base import Dumped, Outcome
 from eagle3.engines.sglang_engine import SGLangEngine
 from eagle3.extract import extract_shard, open_run
 from eagle3.sample_format import read_sample
-from eagle3.server import SGLangServer
+from eagle3.sglang_server import SGLangServer
 from eagle3.store import PreparedSample, RunStore
 from tests.integration.sglang_support import (
     TEXTS,

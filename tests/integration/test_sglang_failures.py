@@ -14,7 +14,7 @@ import pytest
 from eagle3 import dump_protocol as proto
 from eagle3.engines.base import Dumped, Failed
 from eagle3.engines.sglang_engine import SGLangEngine
-from eagle3.server import SGLangServer
+from eagle3.sglang_server import SGLangServer
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, start_server
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

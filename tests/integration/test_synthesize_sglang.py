@@ -19,7 +19,7 @@ import pytest
 import eagle3.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.progress import Progress
-from eagle3.server import SGLangServer
+from eagle3.sglang_server import SGLangServer
 from eagle3.store import RunStore
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
 from tests.ports import free_port

@@ -16,8 +16,8 @@ from eagle3.draft.data import plan_epoch
 from eagle3.draft.loss import target_distribution, ttt_loss
 from eagle3.draft.synthetic import SyntheticSpec, write_run
 from eagle3.sample_format import encode_sample, read_sample, write_sample
-from eagle3.train import NonFiniteLossError, Trainer, TrainJob, write_job
-from eagle3.train_launch import read_metrics
+from eagle3.train.launch import read_metrics
+from eagle3.train.trainer import NonFiniteLossError, Trainer, TrainJob, write_job
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -42,7 +42,7 @@ def job(store: Path, out: Path, **train: object) -> TrainJob:
 
 
 def metrics(out: Path) -> dict[int, dict]:
-    """The last record of each step, by step (eagle3.train_launch.read_metrics)."""
+    """The last record of each step, by step (eagle3.train.launch.read_metrics)."""
     return {r["step"]: r for r in read_metrics(out / "metrics.jsonl")}
 
 
@@ -121,7 +121,7 @@ def test_torchrun_with_two_gloo_processes_averages_the_gradient_of_one_process(s
     write_job(tmp_path / "job.json", two)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
-           "-m", "eagle3.train_worker", str(tmp_path / "job.json")]  # fmt: skip
+           "-m", "eagle3.train.worker", str(tmp_path / "job.json")]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert '"result"' in proc.stdout
@@ -153,7 +153,7 @@ def test_a_worker_killed_at_a_random_moment_resumes_to_the_same_losses(store: Pa
 
     out = tmp_path / "killed"
     write_job(tmp_path / "job.json", job(store, out, max_steps=12, checkpoint_every=2))
-    cmd = [sys.executable, "-m", "eagle3.train_worker", str(tmp_path / "job.json")]
+    cmd = [sys.executable, "-m", "eagle3.train.worker", str(tmp_path / "job.json")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

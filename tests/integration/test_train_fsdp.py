@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from eagle3.draft.checkpoint import WEIGHTS
 from eagle3.draft.synthetic import write_run
-from eagle3.train import write_job
+from eagle3.train.trainer import write_job
 from tests.integration.test_train import REPO, SPEC, job, metrics
 from tests.ports import free_port
 
@@ -40,7 +40,7 @@ def torchrun(store: Path, out: Path, parallel: str) -> dict[int, dict]:
     write_job(path, job(store, out, max_steps=STEPS, checkpoint_every=3, parallel=parallel))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "eagle3.train_worker", str(path)]  # fmt: skip
+           "-m", "eagle3.train.worker", str(path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert '"result"' in proc.stdout

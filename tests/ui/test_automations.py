@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.ui, pytest.mark.slow]
 
 
 def emit_shard_failed(run_dir: Path, flow_name: str) -> None:
-    """The event tasks/extract.py emits for a failed shard, as if from a run of the flow `flow_name`. In a
+    """The event tasks/extract/shards.py emits for a failed shard, as if from a run of the flow `flow_name`. In a
     thread of its own: Playwright's event loop runs in the test's thread, and Prefect's sync-or-async
     functions would hand back coroutines there."""
     context = contextvars.copy_context()  # the fixture's Prefect settings (API URL) live in a context variable

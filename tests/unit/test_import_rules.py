@@ -2,8 +2,12 @@
 
 eagle3/        never imports prefect, flows or tasks; never sglang at module level. One exemption:
                eagle3/cli.py, the entry point, imports prefect and flows inside the commands that run
-               flows (never at module level).
-tasks/         never imports flows.
+               flows (never at module level). Why it stays there: the `eagle3` console script is the one
+               command a user types; its library commands (status, doctor, model, config) run without Prefect,
+               and only the commands that are flows reach up to flows/ when they run.
+               No import cycles between eagle3/ modules, not even through an import inside a function.
+eagle3/train/  (trainer, torchrun worker, launcher, plots) never imports prefect: torchrun runs it bare.
+tasks/         never imports flows; tasks/extract/ (the extract flows' tasks) included.
 server_patch/  imports nothing of ours except eagle3.dump_protocol, eagle3.sample_format, eagle3.fsio
                (the store-format modules; they run inside SGLang's processes), and never prefect.
 """
@@ -114,3 +118,56 @@ def test_the_checker_sees_lazy_type_checking_and_relative_imports(tmp_path: Path
     got = list(imports(pkg / "bad.py", module_level_only=True, root=tmp_path))
     assert (2, "prefect.flows") in got and (3, "eagle3.store") in got and all("sglang" not in m for _, m in got)
     assert (7, "tasks.extract") in list(imports(pkg / "bad.py", module_level_only=False, root=tmp_path))
+
+
+def module_of(path: Path, root: Path = REPO) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycle(package: str, root: Path = REPO) -> list[str]:
+    """One cycle of imports between the modules of `package` (any import, lazy ones included), or []."""
+    paths = {module_of(p, root): p for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        graph[module] = set()
+        for _, name in imports(path, module_level_only=False, root=root):
+            while name and name not in paths:  # `eagle3.x.Name` -> the module eagle3.x
+                name = name.rpartition(".")[0]
+            if name and name not in (module, package):
+                graph[module].add(name)
+    done: set[str] = set()
+
+    def walk(module: str, stack: list[str]) -> list[str]:
+        for nxt in sorted(graph[module]):
+            if nxt in stack:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in done and (cycle := walk(nxt, [*stack, nxt])):
+                return cycle
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        if module not in done and (cycle := walk(module, [module])):
+            return cycle
+    return []
+
+
+def test_the_new_packages_exist_and_keep_the_rules() -> None:
+    assert {p.name for p in sources("eagle3/train")} >= {"__init__.py", "trainer.py", "worker.py", "launch.py"}
+    assert {p.name for p in sources("tasks/extract")} >= {"__init__.py", "shards.py", "servers.py", "report.py"}
+    assert violations("eagle3/train", {"prefect", "flows", "tasks"}, module_level_only=False) == []
+    assert violations("tasks/extract", {"flows"}, module_level_only=False) == []
+
+
+def test_the_library_has_no_import_cycles() -> None:
+    assert import_cycle("eagle3") == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_lazy_import(tmp_path: Path) -> None:
+    pkg = tmp_path / "eagle3"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "lock.py").write_text("def f():\n    from eagle3.lease import live\n")
+    (pkg / "lease.py").write_text("from eagle3.lock import f\n")
+    assert import_cycle("eagle3", root=tmp_path) == ["eagle3.lease", "eagle3.lock", "eagle3.lease"]

@@ -19,8 +19,8 @@ import pytest
 from eagle3 import procs
 from eagle3.config import ServerConfig
 from eagle3.keeper import OwnedProcess
-from eagle3.server import ServerError, SGLangServer
 from eagle3.server_record import ServerRecord, read_record, reap_orphan, write_record
+from eagle3.sglang_server import ServerError, SGLangServer
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.lease import ShardLease, ShardLeaseLostError, lease_path, live_leases
-from eagle3.lock import LOCK_NAME, RunLock, RunLockedError, read_owner
+from eagle3.lease import ShardLease, ShardLeaseLostError, lease_path
+from eagle3.lock import LOCK_NAME, RunLock, RunLockedError, live_leases, read_owner
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The SGLang launch: command line and environment (eagle3/server.py), no server needed."""
+"""The SGLang launch: command line and environment (eagle3/sglang_server.py), no server needed."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from eagle3 import dump_protocol as proto
 from eagle3.config import ServerConfig
-from eagle3.server import ServerError, SGLangServer, build_command, build_env, resolve_device, shell_line
 from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_server import ServerError, SGLangServer, build_command, build_env, resolve_device, shell_line
 
 LAYERS = sglang_layer_ids("llama", [2, 15, 27], 30)
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from eagle3.extract import extract_shard
+from eagle3.failed_shards import failed_shards, missing_samples, plan_retry, plan_retry_samples, shard_summaries
 from eagle3.lock import RunLock, RunLockedError
-from eagle3.retry import failed_shards, missing_samples, plan_retry, plan_retry_samples, shard_summaries
 from eagle3.sample_format import encode_sample, write_sample
 from eagle3.store import RunInfo, RunStore
 from eagle3.verify import QUARANTINE, VerifyError, verify_run

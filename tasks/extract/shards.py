@@ -1,9 +1,9 @@
 """extract: open the run, the disk budget, one task per shard around `eagle3.extract.extract_shard`, and
 `run_shards`, which keeps every server of the flow run busy with its own shards.
 
-The pieces around it: tasks/extract_servers.py (the servers, lent to one shard task at a time),
-tasks/extract_hold.py (the run lock and the shard leases), tasks/extract_report.py (progress, tables, events,
-the flow's outcome), tasks/extract_plan.py (what the tasks pass each other).
+The pieces around it: tasks/extract/servers.py (the servers, lent to one shard task at a time),
+tasks/extract/hold.py (the run lock and the shard leases), tasks/extract/report.py (progress, tables, events,
+the flow's outcome), tasks/extract/plan.py (what the tasks pass each other).
 
 A shard task takes the shard's lease (eagle3.lease) before it looks for work, so no shard is extracted by two
 processes at once, whichever flow runs or nodes share the run directory. A shard another live run holds is
@@ -36,8 +36,8 @@ from eagle3.lock import RunLockedError, RunLockLostError
 from eagle3.progress import Progress, ProgressFn
 from eagle3.store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress, run_key
-from tasks.extract_hold import check_lock, shard_lease
-from tasks.extract_plan import (
+from tasks.extract.hold import check_lock, shard_lease
+from tasks.extract.plan import (
     ExtractPlan,
     ShardIncomplete,
     ShardOutcome,
@@ -45,8 +45,8 @@ from tasks.extract_plan import (
     ShardStillLeased,
     select_shards,
 )
-from tasks.extract_report import RunProgressBoard, disk_low
-from tasks.extract_servers import server_count, server_pool
+from tasks.extract.report import RunProgressBoard, disk_low
+from tasks.extract.servers import server_count, server_pool
 from tasks.server import reap_orphan_servers
 
 OPEN_RUN_TIMEOUT_S = 15 * 60  # hashes the model directory (weights > 64 MiB: first and last MiB only)

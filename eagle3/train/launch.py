@@ -40,8 +40,8 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
 def torchrun_command(job_path: Path, nproc: int, *, python: str = sys.executable) -> list[str]:
     """One node, `nproc` workers; --standalone picks a free rendezvous port, so two runs never collide.
     Started through this module's `__main__`, which arms the parent-death signal and execs torchrun."""
-    return [python, "-m", "eagle3.train_launch", python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(nproc), "-m", "eagle3.train_worker", str(job_path)]  # fmt: skip
+    return [python, "-m", "eagle3.train.launch", python, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(nproc), "-m", "eagle3.train.worker", str(job_path)]  # fmt: skip
 
 
 def train_env(nproc: int, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -144,7 +144,7 @@ def finished_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:
     return ckpt if same_length and state["step"] >= state["total_steps"] else None
 
 
-if __name__ == "__main__":  # python -m eagle3.train_launch CMD...: exec CMD, dying with our parent
+if __name__ == "__main__":  # python -m eagle3.train.launch CMD...: exec CMD, dying with our parent
     die_with_parent()
     if os.getppid() == 1:  # the parent died before prctl took effect
         sys.exit(1)

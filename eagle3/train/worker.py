@@ -1,4 +1,4 @@
-"""torchrun entry of the trainer: `torchrun --nproc_per_node N -m eagle3.train_worker <job.json>`.
+"""torchrun entry of the trainer: `torchrun --nproc_per_node N -m eagle3.train.worker <job.json>`.
 
 Parses the job file (a validated TrainJob), reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK (the only
 environment it reads; MASTER_ADDR/PORT are read by torch's env:// rendezvous), joins the process group
@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from eagle3.progress import Progress
-from eagle3.train import Trainer, read_job, resolve_device
-from eagle3.train_launch import die_with_parent
+from eagle3.train.launch import die_with_parent
+from eagle3.train.trainer import Trainer, read_job, resolve_device
 
 
 def _print_progress(p: Progress) -> None:
@@ -31,7 +31,7 @@ def _print_progress(p: Progress) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: torchrun --nproc_per_node N -m eagle3.train_worker <job.json>", file=sys.stderr)
+        print("usage: torchrun --nproc_per_node N -m eagle3.train.worker <job.json>", file=sys.stderr)
         return 2
     die_with_parent()  # torchrun gives each worker its own session: leave when torchrun does
     job = read_job(Path(args[0]))

@@ -1,7 +1,7 @@
 """The EAGLE-3 trainer: build from a TrainJob, then a short loop around a one-screen step.
 
     job  = TrainJob(train=cfg.train, run_dir=..., model_dir=..., out_dir=...)   # written to a file by the task
-    with Trainer.build(job, rank=r, world=w, local_rank=l) as t:               # torchrun: eagle3/train_worker.py
+    with Trainer.build(job, rank=r, world=w, local_rank=l) as t:               # torchrun: eagle3/train/worker.py
         result = t.run(progress=callback)
 
 Outputs under out_dir: metrics.jsonl (one JSON object per logged step), tb/ (TensorBoard events),
@@ -297,7 +297,7 @@ class Trainer:
     def build(cls, job: TrainJob, *, rank: int = 0, world: int = 1, local_rank: int = 0) -> Trainer:
         device = resolve_device(job.device, local_rank)
         if world > 1 and not dist.is_initialized():
-            raise TrainError(f"world size {world} but no process group: start through eagle3/train_worker.py")
+            raise TrainError(f"world size {world} but no process group: start through eagle3/train/worker.py")
         return cls(job, rank=rank, world=world, device=device)
 
     def __enter__(self) -> Trainer:

@@ -1,6 +1,6 @@
-"""The servers of this process's extraction (eagle3.servers), built once per config and lent to shard tasks.
+"""The servers of this process's extraction (eagle3.server_specs), built once per config and lent to shard tasks.
 
-A flow run submits its shard tasks to a thread pool as wide as its server list (tasks/extract.py `run_shards`),
+A flow run submits its shard tasks to a thread pool as wide as its server list (tasks/extract/shards.py `run_shards`),
 so at most that many shard tasks run at once and `checkout()` always finds a server free: the pool only binds
 a running task to an idle server, it decides nothing about order. Engines are cheap to build (weights load and
 servers launch on first use), so a run whose shards are all complete never loads the model or starts a server.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
-from eagle3.server import SGLangServer
-from eagle3.servers import ServerSpec, build_server_engine, server_specs
+from eagle3.server_specs import ServerSpec, build_server_engine, server_specs
+from eagle3.sglang_server import SGLangServer
 from tasks.server import server_env
 
 _POOLS: dict[str, ServerPool] = {}

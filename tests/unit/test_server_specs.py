@@ -1,4 +1,4 @@
-"""server.servers: what each server of one extraction is (port, GPUs, dump and log directories, label), and the
+"""eagle3.server_specs: what each server of one extraction is (port, GPUs, dump and log directories, label), and the
 config rules that keep several servers from colliding. Nothing is launched here."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from eagle3.config import PipelineConfig
-from eagle3.servers import server_specs
+from eagle3.server_specs import server_specs
 
 
 def config(**server: object) -> PipelineConfig:

@@ -22,8 +22,8 @@ from prefect.states import Failed, State
 
 from eagle3.config import PipelineConfig
 from eagle3.disk import DiskBudgetError
+from eagle3.failed_shards import failed_shards
 from eagle3.progress import Progress
-from eagle3.retry import failed_shards
 from eagle3.store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import (
     ProgressArtifact,
@@ -34,7 +34,7 @@ from tasks.artifacts import (
     run_key,
     table_artifact,
 )
-from tasks.extract_plan import ExtractIncomplete, ExtractPlan, ExtractSummary, ShardResult
+from tasks.extract.plan import ExtractIncomplete, ExtractPlan, ExtractSummary, ShardResult
 
 REPORT_TIMEOUT_S = 10 * 60
 GB = 1e9

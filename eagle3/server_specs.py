@@ -19,7 +19,7 @@ from pathlib import Path
 from eagle3.config import PipelineConfig, ServerSlot
 from eagle3.engines import Engine, EngineInfo, Outcome, build_engine
 from eagle3.fsio import safe_name
-from eagle3.server import LineFn, SGLangServer
+from eagle3.sglang_server import LineFn, SGLangServer
 from eagle3.store import PreparedSample
 
 
@@ -103,8 +103,8 @@ def build_server_engine(
 
 
 def _sglang_engine(spec: ServerSpec, model_dir: Path, *, base_env: Mapping[str, str], on_line: LineFn | None) -> Engine:
+    from eagle3.aux_layers import resolve_aux_layers
     from eagle3.engines.sglang_engine import SGLangEngine, run_id_of
-    from eagle3.layers import resolve_aux_layers
     from eagle3.model_files import read_model_facts
     from eagle3.sglang_layers import sglang_layer_ids
 
