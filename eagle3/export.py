@@ -50,7 +50,7 @@ from eagle3.model_files import model_fingerprint, sha256_file
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.run_paths import EXPORT_FILE, RunPaths
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
-from eagle3.store import RunInfo, RunStore, now
+from eagle3.store import RunInfo, RunStore, now, read_record
 
 EXPORT_FORMAT = "eagle3-export/1"
 SPECULATORS_DIR = "speculators"
@@ -204,8 +204,7 @@ def _previous(out_dir: Path, key: str) -> ExportResult | None:
 
 def read_export(out_dir: Path) -> ExportResult | None:
     """An export directory's export.json, None when it has none."""
-    path = Path(out_dir) / EXPORT_FILE
-    return ExportResult.model_validate(read_json(path)) if path.is_file() else None
+    return read_record(Path(out_dir) / EXPORT_FILE, ExportResult)
 
 
 def _swap_in(tmp: Path, out_dir: Path) -> None:

@@ -24,7 +24,7 @@ from eagle3.draft.checkpoint import WEIGHTS, resolve_checkpoint
 from eagle3.fsio import atomic_write_json, fsync_dir, read_json
 from eagle3.model_files import sha256_file
 from eagle3.run_paths import RunPaths
-from eagle3.store import now
+from eagle3.store import now, read_record
 
 EVALUATION = "evaluation.json"
 PromotePolicy = Literal["if_not_worse", "always", "never"]
@@ -75,6 +75,11 @@ class Decision(BaseModel):
     candidate_eval: EvalRecord
     previous_eval: EvalRecord | None = None
     at: str = Field(default_factory=now)
+
+
+def read_promotion(run_dir: Path) -> Decision | None:
+    """draft/promotion.json: the last promotion decision, None before the first."""
+    return read_record(RunPaths(run_dir).promotion_json, Decision)
 
 
 # paths ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import datetime as dt
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import torch
@@ -33,13 +33,6 @@ from eagle3.sample_format import (
     read_sample,
     verify_sample,
 )
-
-if TYPE_CHECKING:  # the later stages' records import this module; their readers below import them when called
-    from eagle3.convert.stage import ConvertResult
-    from eagle3.evaluate.live import LiveEvalResult
-    from eagle3.evaluate.offline import OfflineEvalResult
-    from eagle3.export import ExportResult
-    from eagle3.promote import Decision
 
 ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
 #: data settings that change what a sample is: a store never mixes samples made under two of them.
@@ -195,46 +188,6 @@ class RunStore(RunPaths):
     def write_run_info(self, info: RunInfo) -> None:
         atomic_write_json(self.run_json, info.model_dump(mode="json"))
 
-    # later stages' records: each file read with the model its writer defines ----------------
-    def read_convert_result(self) -> ConvertResult | None:
-        """convert.json, None when there is none (a file that does not validate raises, naming it)."""
-        from eagle3.convert.stage import ConvertResult
-
-        return _read_model(self.convert_json, ConvertResult)
-
-    def read_latest_checkpoint(self) -> tuple[int, Path] | None:
-        """(step, directory) that train/checkpoints/latest.json names, None when there is none."""
-        from eagle3.draft.checkpoint import read_latest
-
-        return read_latest(self.train.checkpoints_dir)
-
-    def read_latest_export(self) -> ExportResult | None:
-        """draft/latest/export.json: the newest export."""
-        from eagle3.export import read_export
-
-        return read_export(self.draft_latest)
-
-    def read_promotion(self) -> Decision | None:
-        """draft/promotion.json: the last promotion decision."""
-        from eagle3.promote import Decision
-
-        return _read_model(self.promotion_json, Decision)
-
-    def read_offline_eval(self) -> OfflineEvalResult | None:
-        """eval/offline.json; None when there is none or it is of an older format (it is measured again)."""
-        from eagle3.evaluate.offline import OFFLINE_FORMAT, OfflineEvalResult
-
-        path = self.offline_eval_json
-        if not path.is_file() or read_json(path).get("format") != OFFLINE_FORMAT:
-            return None
-        return _read_model(path, OfflineEvalResult)
-
-    def read_live_eval(self) -> LiveEvalResult | None:
-        """eval/live.json."""
-        from eagle3.evaluate.live import LiveEvalResult
-
-        return _read_model(self.live_eval_json, LiveEvalResult)
-
     # prepared data -----------------------------------------------------------------------
     def read_prepared_manifest(self) -> PreparedManifest | None:
         p = self.prepared_manifest_path
@@ -334,8 +287,10 @@ class RunStore(RunPaths):
 M = TypeVar("M", bound=BaseModel)
 
 
-def _read_model(path: Path, model: type[M]) -> M | None:
-    """The record in `path`, None when there is no file; one that does not parse raises naming the file."""
+def read_record(path: Path, model: type[M]) -> M | None:
+    """The pydantic record in the JSON file `path`, None when there is no file; one that does not validate raises
+    ValueError naming the file, its first bad fields and the fix. Each run-directory JSON file has one reader that
+    calls this, beside its model (RunStore's below; convert.json, export.json, eval/*.json, promotion.json)."""
     if not path.is_file():
         return None
     try:

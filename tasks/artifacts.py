@@ -28,8 +28,14 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
+from eagle3.convert.stage import read_convert_result
+from eagle3.draft.checkpoint import read_latest
+from eagle3.evaluate.live import read_live_result
+from eagle3.evaluate.offline import read_offline_result
+from eagle3.export import read_export
 from eagle3.failed_shards import shard_summaries
 from eagle3.progress import Progress
+from eagle3.promote import read_promotion
 from eagle3.store import RunStore
 
 _KEY_JUNK = re.compile(r"[^a-z0-9]+")
@@ -312,7 +318,7 @@ def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str
                 + (f"; not complete: {not_complete}" if not_complete else ""),
             )
         )
-    c = store.read_convert_result()
+    c = read_convert_result(store)
     if c is not None:
         rows.append(
             (
@@ -327,17 +333,17 @@ def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str
 def draft_rows(store: RunStore) -> list[tuple[str, str]]:
     """Training, export, promotion and evaluation rows, from train/, draft/ and eval/*.json."""
     rows = []
-    latest = store.read_latest_checkpoint()
+    latest = read_latest(store.train.checkpoints_dir)
     if latest is not None:
         rows.append(("training", f"checkpoint `{latest[1]}` (step {latest[0]})"))
-    e = store.read_latest_export()
+    e = read_export(store.draft_latest)
     if e is not None:
         rows.append(("draft", f"`{e.out_dir}` from step {e.checkpoint_step}"))
-    d = store.read_promotion()
+    d = read_promotion(store.root)
     if d is not None:
         rows.append(("promotion", f"**{'promoted' if d.promoted else 'kept'}**: {d.reason}; serve "
                                   f"`{store.draft_current}` (-> `{d.current}`)"))  # fmt: skip
-    o = store.read_offline_eval()
+    o = read_offline_result(store.root)
     if o is not None:
         per_set = "; ".join(
             f"{r.set_name} ({r.set_kind}, {r.num_prompts} prompts) k={r.steps}: {r.acceptance_length:.3f}"
@@ -349,7 +355,7 @@ def draft_rows(store: RunStore) -> list[tuple[str, str]]:
                 f"tokens per verify round: {per_set}; {o.label} speed-up {o.speedup:.2f}x",
             )
         )
-    lv = store.read_live_eval()
+    lv = read_live_result(store.root)
     if lv is not None:
         rows.append(("speed (live SGLang)", f"**{lv.summary}**" if lv.flag else lv.summary))
     return rows

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import resolve_checkpoint
-from eagle3.evaluate.live import LiveEvalResult, evaluate_live
+from eagle3.evaluate.live import LiveEvalResult, evaluate_live, read_live_result
 from eagle3.evaluate.offline import (
     EvalPrompts,
     OfflineEvalResult,
@@ -22,6 +22,7 @@ from eagle3.evaluate.offline import (
     evaluate_offline,
     load_eval_sets,
     offline_dtype,
+    read_offline_result,
 )
 from eagle3.export import default_export_dir
 from eagle3.run_paths import RunPaths
@@ -106,7 +107,7 @@ def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> Offline
     """eval/offline.json when it measured this checkpoint with these settings, sets (names, sizes) and chain lengths
     included, target dtype too (a re-run does no work)."""
     store, ev = RunStore(config.run_dir), config.evaluate
-    old = store.read_offline_eval()  # None for an older format too: measured again
+    old = read_offline_result(store.root)  # None for an older format too: measured again
     if old is None:
         return None
     info = store.require_run_info("evaluate needs the store the draft was trained from")
@@ -124,7 +125,7 @@ def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | 
     path, export = store.live_eval_json, store.latest_export_json
     if not path.is_file() or not export.is_file() or path.stat().st_mtime < export.stat().st_mtime:
         return None
-    old = store.read_live_eval()
+    old = read_live_result(store.root)
     if old is None:
         return None
     same = (old.status, old.num_prompts, old.max_new_tokens) == ("ok", num_prompts, ev.max_new_tokens)

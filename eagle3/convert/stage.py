@@ -28,8 +28,9 @@ from eagle3.convert.index import INDEX_FORMAT, IndexRow, write_index
 from eagle3.convert.vocab import VOCAB_FORMAT, select_vocab, write_vocab_map
 from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.run_paths import RunPaths
 from eagle3.sample_format import SampleFormatError, check_header, read_header
-from eagle3.store import RunInfo, RunStore
+from eagle3.store import RunInfo, RunStore, read_record
 
 CONVERT_FORMAT = "eagle3-convert/1"
 
@@ -120,9 +121,14 @@ class _Counter:
             self.counter.add(1, tokens=tokens)
 
 
+def read_convert_result(store: RunPaths) -> ConvertResult | None:
+    """The store's convert.json, None when convert has not run."""
+    return read_record(store.convert_json, ConvertResult)
+
+
 def _previous(store: RunStore, fingerprint: str) -> ConvertResult | None:
     try:
-        old = store.read_convert_result()
+        old = read_convert_result(store)
     except Exception:
         return None
     vocab_path, index_path = store.vocab_map_path, store.index_path

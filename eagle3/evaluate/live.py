@@ -36,7 +36,7 @@ from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.run_paths import RunPaths
 from eagle3.sglang_server import ServerError, SGLangServer, resolve_device
-from eagle3.store import now
+from eagle3.store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
 WARMUP_TOKENS = 8
@@ -345,6 +345,11 @@ def evaluate_live(
         run_dir,
         {**base, "status": "ok", "plain": plain, "eagle3": eagle3, **compare(plain, eagle3, plain_out, eagle3_out)},
     )
+
+
+def read_live_result(run_dir: Path) -> LiveEvalResult | None:
+    """eval/live.json, None when there is none."""
+    return read_record(RunPaths(run_dir).live_eval_json, LiveEvalResult)
 
 
 def _write(run_dir: Path, fields: dict[str, Any]) -> LiveEvalResult:

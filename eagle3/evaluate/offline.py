@@ -35,11 +35,11 @@ from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.engines.transformers_engine import load_causal_lm, resolve_device
 from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
-from eagle3.fsio import atomic_write_json
+from eagle3.fsio import atomic_write_json, read_json
 from eagle3.prepare import read_rows
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.run_paths import RunPaths
-from eagle3.store import DTYPES, RunStore
+from eagle3.store import DTYPES, RunStore, read_record
 from eagle3.synthesize import stop_token_ids
 
 OFFLINE_FORMAT = "eagle3-eval-offline/2"
@@ -473,6 +473,14 @@ def offline_dtype(cfg: EvaluateConfig, device: str, store_dtype: str) -> str:
     if cfg.offline_dtype != "auto":
         return cfg.offline_dtype
     return "float32" if resolve_device(device).type == "cpu" else store_dtype
+
+
+def read_offline_result(run_dir: Path) -> OfflineEvalResult | None:
+    """eval/offline.json; None when there is none or it is of an older format (it is measured again)."""
+    path = RunPaths(run_dir).offline_eval_json
+    if not path.is_file() or read_json(path).get("format") != OFFLINE_FORMAT:
+        return None
+    return read_record(path, OfflineEvalResult)
 
 
 def write_offline_result(run_dir: Path, result: OfflineEvalResult) -> Path:

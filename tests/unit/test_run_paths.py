@@ -10,9 +10,15 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from eagle3.convert.stage import read_convert_result
 from eagle3.convert.vocab import VOCAB_FORMAT
+from eagle3.draft.checkpoint import read_latest
 from eagle3.draft.data import DataError, load_vocab_map, read_layout
+from eagle3.evaluate.live import read_live_result
+from eagle3.evaluate.offline import read_offline_result
+from eagle3.export import read_export
 from eagle3.fsio import atomic_write_json
+from eagle3.promote import read_promotion
 from eagle3.run_paths import RunPaths
 from eagle3.sample_format import encode_sample
 from eagle3.store import RunStore
@@ -74,15 +80,15 @@ def test_paths_follow_the_documented_layout(tmp_path: Path) -> None:
 
 def test_readers_return_none_without_a_file_and_name_a_file_they_cannot_read(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
-    readers = (store.read_convert_result, store.read_latest_export, store.read_promotion, store.read_live_eval,
-               store.read_offline_eval, store.read_latest_checkpoint)  # fmt: skip
-    assert all(read() is None for read in readers)
+    assert read_convert_result(store) is None and read_export(store.draft_latest) is None
+    assert read_promotion(store.root) is None and read_live_result(store.root) is None
+    assert read_offline_result(store.root) is None and read_latest(store.train.checkpoints_dir) is None
     atomic_write_json(store.convert_json, {"format": "eagle3-convert/1", "run_dir": str(tmp_path)})
-    with pytest.raises(ValueError, match=r"convert\.json: not a valid ConvertResult .*re-run"):
-        store.read_convert_result()
+    with pytest.raises(ValueError, match=r"convert\.json: not a valid ConvertResult \(12 bad fields, .*re-run"):
+        read_convert_result(store)
     store.train.checkpoints_dir.mkdir(parents=True)
     atomic_write_json(store.train.checkpoints_dir / "latest.json", {"step": 7, "dir": "step-00000007"})
-    assert store.read_latest_checkpoint() == (7, store.train.checkpoints_dir / "step-00000007")
+    assert read_latest(store.train.checkpoints_dir) == (7, store.train.checkpoints_dir / "step-00000007")
 
 
 def write_vocab_map(path: Path, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
