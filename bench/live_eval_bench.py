@@ -32,7 +32,7 @@ from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.evaluate.live import LiveEvalResult, ServerRun, evaluate_live, serve_and_measure
 from eagle3.export import export_draft
 from eagle3.model_files import model_fingerprint, read_model_facts, resolve_model
-from eagle3.sglang_server import resolve_device
+from eagle3.sglang_server import server_device
 from eagle3.store import RunInfo, RunStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ def main() -> None:
         plain_log = work / "eval" / "server-plain"
         baseline, _ = serve_and_measure(server, model_dir, [], prompts, label="plain", evaluate=evaluate,
                                         log_dir=plain_log, base_env=env, port=args.port)  # fmt: skip
-    print(table(result, baseline, resolve_device(server)))
+    print(table(result, baseline, server_device(server)))
     print(f"\n{result.summary}\n(results and server logs under {work})")
     sys.exit(0 if result.status == "ok" and not result.flag else 1 if result.flag else 3)
 

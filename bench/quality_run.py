@@ -108,6 +108,7 @@ def main() -> None:
     write(root / "prompts" / "train.jsonl", build(TEMPLATES, TOPICS, args.train_prompts, seed=0))
     write(root / "prompts" / "heldout.jsonl", build(TEMPLATES, HELDOUT_TOPICS, args.heldout, seed=1))
     cuda = torch.cuda.is_available() and not args.tiny
+    device = "cuda" if cuda else "cpu"  # every stage: server, train and evaluate
     cfg = PipelineConfig.model_validate(
         {
             "run_dir": str(root / "run"),
@@ -117,13 +118,15 @@ def main() -> None:
             "data": {"dataset": str(root / "prompts" / "train.jsonl"), "max_length": 1024, "shard_size": 1000},
             "synthesize": {"max_new_tokens": args.max_new_tokens, "batch_size": args.synth_batch if cuda else 8},
             "extract": {"store_dtype": args.store_dtype},
-            "server": {"engine": "transformers", "device": "cuda" if cuda else "cpu",
+            "server": {"engine": "transformers", "device": device,
                        "batch_tokens": 65536 if cuda else 4096},
-            "train": {"epochs": args.epochs, "lr": args.lr, "warmup_steps": 20, "ttt_steps": args.ttt_steps,
+            "train": {"device": device, "epochs": args.epochs, "lr": args.lr, "warmup_steps": 20,
+                      "ttt_steps": args.ttt_steps,
                       "batch_tokens": args.batch_tokens, "log_every": 20, "checkpoint_every": args.checkpoint_every,
                       "min_lr_ratio": 0.1, "precision": "auto" if cuda else "fp32",
                       **({"max_steps": 4, "batch_tokens": 512} if args.tiny else {})},
-            "evaluate": {"dataset": str(root / "prompts" / "heldout.jsonl"), "num_prompts": args.heldout,
+            "evaluate": {"device": device, "dataset": str(root / "prompts" / "heldout.jsonl"),
+                         "num_prompts": args.heldout,
                          "draft_steps": args.draft_steps, "max_new_tokens": args.eval_new_tokens},
         }
     )  # fmt: skip
@@ -149,7 +152,7 @@ def main() -> None:
     with stage("train", results):
         out = Path(cfg.run_dir) / "train"
         job = TrainJob(train=cfg.train, run_dir=cfg.run_dir, model_dir=str(model_dir), out_dir=str(out),
-                       device=cfg.server.device)  # fmt: skip
+                       device=cfg.train.device)  # fmt: skip
         with Trainer.build(job) as t:
             r = t.run(progress=printer(30.0))
         results["train_steps"], results["train_last"] = r.step, r.last_metrics
@@ -159,7 +162,7 @@ def main() -> None:
         sets += [load_eval_set(name, path, chat, kind=name) for name, path in extra_sets]
         ev = offline_sets(
             model_dir, out, Path(cfg.run_dir), sets, chain_lengths=[cfg.evaluate.draft_steps],
-            max_new_tokens=cfg.evaluate.max_new_tokens, device=cfg.server.device, progress=printer(),
+            max_new_tokens=cfg.evaluate.max_new_tokens, device=cfg.evaluate.device, progress=printer(),
         )  # fmt: skip
         write_offline_result(Path(cfg.run_dir), ev)
         results["sets"] = {

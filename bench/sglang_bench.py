@@ -35,7 +35,7 @@ from eagle3.config import PipelineConfig
 from eagle3.engines.base import Dumped
 from eagle3.engines.sglang_engine import SGLangEngine
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_layers import extraction_layers
 from eagle3.sglang_server import SGLangServer
 from eagle3.store import PreparedSample
 
@@ -125,7 +125,7 @@ def main() -> None:
     cfg = PipelineConfig.model_validate({"run_dir": str(work / "run"), "model": args.model, "server": server_cfg})
     model_dir = resolve_model(cfg.model, Path(cfg.data_dir))
     facts = read_model_facts(model_dir)
-    layers = sglang_layer_ids(facts.model_type, [2, facts.num_layers // 2, facts.num_layers - 3], facts.num_layers)
+    layers = extraction_layers(model_dir, cfg.extract)  # EAGLE-3's default aux layers
     samples = make_samples(model_dir, Path(args.prompts), args.samples, args.tokens)
     total = sum(len(s) for s in samples)
     env = dict(os.environ)

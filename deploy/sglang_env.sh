@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the SGLang environment the `sglang` engine runs in (server.python = .venv-sglang/bin/python):
-#   1. a Python 3.11 venv with deploy/sglang_requirements.txt (sglang==0.5.23; ~11 GB, ~3.5 min);
-#   2. our hidden-state hook: server_patch/ plus the three eagle3 modules it imports (eagle3/__init__.py,
-#      fsio.py, sample_format.py) staged into deploy/server_patch_pkg/ and pip-installed as the package
+#   1. a Python 3.11 venv with sglang==<SUPPORTED_SGLANG[0] of eagle3/dump_protocol.py, the one place the
+#      release is pinned> (~11 GB, ~3.5 min);
+#   2. our hidden-state hook: server_patch/ plus the eagle3 modules it imports (eagle3/__init__.py,
+#      fsio.py, sample_format.py, dump_protocol.py) staged into deploy/server_patch_pkg/ and pip-installed as the package
 #      `eagle3-server-patch`, whose entry point (group sglang.srt.plugins) SGLang loads in every scheduler;
 #   3. on a machine without a GPU, a stub libcuda.so.1 in <venv>/stub/ whose four functions return
 #      CUDA_ERROR_NO_DEVICE, so the CUDA build of torch imports and SGLang runs with --device cpu.
 #
-# Cached: <venv>/.stamp-base holds the sha256 of the requirements (+ python version), <venv>/.stamp-plugin
+# Cached: <venv>/.stamp-base holds the sha256 of the requirement (+ python version), <venv>/.stamp-plugin
 # that of the plugin source. A matching stamp skips its step; a changed plugin reinstalls only the plugin.
 #
 # Environment: SGLANG_VENV (default .venv-sglang), SGLANG_PYTHON (default python3.11),
@@ -16,26 +17,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SGLANG_VENV:-.venv-sglang}"
 PY="${SGLANG_PYTHON:-python3.11}"
-REQS=deploy/sglang_requirements.txt
+# the pin, read from its one place (SUPPORTED_SGLANG = ("X.Y.Z",) in eagle3/dump_protocol.py)
+SGLANG_VERSION="$(sed -n 's/^SUPPORTED_SGLANG = ("\([^"]*\)".*/\1/p' eagle3/dump_protocol.py)"
+[ -n "$SGLANG_VERSION" ] || { echo "sglang_env: no SUPPORTED_SGLANG line in eagle3/dump_protocol.py" >&2; exit 1; }
+REQ="sglang==$SGLANG_VERSION"  # sglang pins its own torch and transformers
 PKG=deploy/server_patch_pkg
 PLUGIN_SRC=(server_patch/*.py eagle3/__init__.py eagle3/fsio.py eagle3/sample_format.py eagle3/dump_protocol.py "$PKG/pyproject.toml")
 
 log() { echo "sglang_env: $*" >&2; }
 sha() { cat "$@" | sha256sum | cut -c1-16; }
 
-base_key="$(sha "$REQS")-$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+base_key="$(echo "$REQ" | sha256sum | cut -c1-16)-$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 plugin_key="$(sha "${PLUGIN_SRC[@]}")"
 
 # 1. SGLang itself ------------------------------------------------------------------------------------
 if [ "$(cat "$VENV/.stamp-base" 2>/dev/null)" != "$base_key" ]; then
-  log "installing $(grep -v '^#' "$REQS" | xargs) into $VENV (about 11 GB, a few minutes)"
+  log "installing $REQ into $VENV (about 11 GB, a few minutes)"
   rm -f "$VENV/.stamp-base" "$VENV/.stamp-plugin"
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip setuptools
-  "$VENV/bin/pip" install -q -r "$REQS"
+  "$VENV/bin/pip" install -q "$REQ"
   echo "$base_key" > "$VENV/.stamp-base"
 else
-  log "$VENV is up to date ($(grep -v '^#' "$REQS" | xargs))"
+  log "$VENV is up to date ($REQ)"
 fi
 
 # 2. The plugin ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3.run_paths import RunPaths
 from eagle3.sources import DataSource
 
 Stage = Literal["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
@@ -226,6 +227,10 @@ class TrainConfig(StrictModel):
     """EAGLE-3 draft training (training-time test)."""
 
     nproc: int = Field(1, gt=0, le=1024, description="torchrun processes per node.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the draft trains: `cuda` puts each process on its local rank's GPU. `auto` = cuda "
+        "when available.",
+    )  # fmt: skip
     epochs: float = Field(1.0, gt=0, description="Passes over the store.")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
     batch_tokens: int = Field(4096, gt=0, description="Tokens per micro-batch per process.")
@@ -309,6 +314,10 @@ class EvaluateConfig(StrictModel):
     """Acceptance and speed of the draft against the plain target."""
 
     num_prompts: int = Field(20, gt=0, description="Held-out prompts to evaluate on.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the offline evaluation runs target and draft. `auto` = cuda when available. The "
+        "live evaluation serves on the SGLang server (server.device).",
+    )  # fmt: skip
     draft_steps: int = Field(3, gt=0, le=16, description="Chain length k of drafted tokens.")
     max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
     dataset: str = Field(
@@ -440,14 +449,20 @@ class PipelineConfig(StrictModel):
     @model_validator(mode="after")
     def _check_attached_dump_dirs(self) -> PipelineConfig:
         """Two attached servers writing one dump directory would clear each other's files."""
-        base = self.extract.dump_dir or str(Path(self.run_dir) / "dump")
-        dirs = [s.dump_dir or base for s in self.server.servers if s.url is not None]
+        base = dump_root(self.run_dir, self.extract)
+        dirs = [s.dump_dir or str(base) for s in self.server.servers if s.url is not None]
         if len(set(dirs)) != len(dirs):
             raise ValueError(
                 f"server.servers: attached servers share a dump directory ({dirs}); launch each with its own "
                 "EAGLE3_DUMP_DIR and give it as that entry's dump_dir"
             )
         return self
+
+
+def dump_root(run_dir: str | Path, extract: ExtractConfig) -> Path:
+    """The dump directory of the sglang engine: `extract.dump_dir`, else `<run_dir>/dump` (the store's filesystem,
+    so moving a dump in is a rename). Several servers of one run each get a directory below it (eagle3/servers.py)."""
+    return Path(extract.dump_dir) if extract.dump_dir else RunPaths(run_dir).default_dump_dir
 
 
 RUN_DIR_PLACEHOLDERS = ("date", "model_sha")

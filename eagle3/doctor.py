@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Literal
 
 from eagle3 import dump_protocol as proto
-from eagle3.aux_layers import resolve_aux_layers
-from eagle3.config import PipelineConfig
+from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig, dump_root
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
-from eagle3.sglang_server import SUPPORTED_SGLANG, ServerError, SGLangServer, resolve_device
+from eagle3.run_paths import RunPaths
+from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
+from eagle3.sglang_server import ServerError, SGLangServer, server_device
 from eagle3.store import PreparedSample
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -86,9 +86,9 @@ def run_doctor(
     report = DoctorReport()
     env = dict(os.environ) if base_env is None else dict(base_env)
     model_dir = _check_model(cfg, report)
-    _check_environment(cfg, report, env)
-    layers = _check_layers(cfg, report, model_dir) if model_dir else None
-    dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else Path(cfg.run_dir) / "dump"
+    _check_environment(cfg.server, report, env)
+    layers = _check_layers(cfg.extract, report, model_dir) if model_dir else None
+    dump_dir = dump_root(cfg.run_dir, cfg.extract)
     _check_space(report, "store space", Path(cfg.run_dir), min_free_gb)
     _check_space(report, "dump space", dump_dir, min_free_gb)
     if not launch:
@@ -116,11 +116,11 @@ def _check_model(cfg: PipelineConfig, report: DoctorReport) -> Path | None:
     return model_dir
 
 
-def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[str, str]) -> None:
-    if cfg.server.url:
-        report.add("sglang env", "skip", f"attaching to {cfg.server.url}: the server's own environment is checked live")
+def _check_environment(server: ServerConfig, report: DoctorReport, env: Mapping[str, str]) -> None:
+    if server.url:
+        report.add("sglang env", "skip", f"attaching to {server.url}: the server's own environment is checked live")
         return
-    python = cfg.server.python
+    python = server.python
     if not Path(python).exists():
         report.add("sglang env", "fail", f"server.python {python} missing: run deploy/sglang_env.sh")
         return
@@ -142,8 +142,9 @@ def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[s
         report.add("sglang env", "fail", f"{python} cannot report sglang's version: {e}")
         return
     version, plugins = [*out, "", ""][:2]
-    if version not in SUPPORTED_SGLANG:
-        report.add("sglang env", "fail", f"sglang {version} in {python}; supported: {', '.join(SUPPORTED_SGLANG)}")
+    if version not in proto.SUPPORTED_SGLANG:
+        supported = ", ".join(proto.SUPPORTED_SGLANG)
+        report.add("sglang env", "fail", f"sglang {version} in {python}; supported: {supported}")
     elif "server_patch:load_plugin" not in plugins.split(","):
         report.add(
             "sglang env",
@@ -151,15 +152,13 @@ def _check_environment(cfg: PipelineConfig, report: DoctorReport, env: Mapping[s
             f"sglang {version}, but the server_patch plugin is not installed: run deploy/sglang_env.sh",
         )
     else:
-        device = resolve_device(cfg.server)
+        device = server_device(server)
         report.add("sglang env", "ok", f"sglang {version} + server_patch plugin in {python} (device {device})")
 
 
-def _check_layers(cfg: PipelineConfig, report: DoctorReport, model_dir: Path) -> SGLangLayers | None:
-    facts = read_model_facts(model_dir)
+def _check_layers(extract: ExtractConfig, report: DoctorReport, model_dir: Path) -> SGLangLayers | None:
     try:
-        aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
-        layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, cfg.extract.sglang_layer_ids)
+        layers = extraction_layers(model_dir, extract)
     except (ValueError, LayerMappingError) as e:
         report.add("layers", "fail", str(e))
         return None
@@ -189,7 +188,8 @@ def _check_server(
     parity_max_gb: float,
 ) -> None:
     server = SGLangServer(
-        cfg.server, model_dir, dump_dir=dump_dir, layers=layers, log_dir=Path(cfg.run_dir) / "doctor", base_env=env
+        cfg.server, model_dir, dump_dir=dump_dir, layers=layers, log_dir=RunPaths(cfg.run_dir).doctor_log_dir,
+        base_env=env,
     )
     try:
         try:
@@ -216,9 +216,9 @@ def _check_parity(
 ) -> None:
     from transformers import AutoTokenizer
 
+    from eagle3.engines import build_engine
     from eagle3.engines.base import Captured, Dumped
     from eagle3.engines.sglang_engine import SGLangEngine
-    from eagle3.engines.transformers_engine import TransformersEngine
     from eagle3.sample_format import read_sample
 
     size_gb = sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / GB
@@ -235,9 +235,8 @@ def _check_parity(
         return
     dumped = read_sample(got.path)
     got.path.unlink(missing_ok=True)
-    (ref,) = TransformersEngine(
-        model_dir, aux_layers=cfg.extract.aux_layers, device="cpu", dtype=cfg.server.dtype
-    ).extract([sample])
+    reference = probe.model_copy(update={"server": probe.server.model_copy(update={"engine": "transformers"})})
+    (ref,) = build_engine(reference, model_dir, device="cpu").extract([sample])
     assert isinstance(ref, Captured)
     worst = []
     for name, a, b in (

@@ -1,7 +1,8 @@
 """The dump directory shared by the SGLang hook (server_patch) and the extraction client.
 
 Standard library + eagle3.fsio only: server_patch imports this inside SGLang's processes, the client
-imports it in the pipeline, so both sides name and parse the files with one piece of code.
+imports it in the pipeline, so both sides name and parse the files with one piece of code. It also holds what
+else the two sides agree on: the SGLang release (SUPPORTED_SGLANG) and the server's environment variables.
 
     <dump_dir>/<safe rid>.req.json      client -> hook, written before the request is sent:
                                         {"rid", "sample_id", "num_tokens", "aux_layers", "loss_mask": "0110..",
@@ -25,11 +26,19 @@ from typing import Any
 
 from eagle3.fsio import atomic_write_json, safe_name
 
-# Environment of the SGLang server process (set by eagle3/sglang_server.py, read by server_patch only).
+#: The SGLang release the plugin is written against (hook.py and cpu_spec.py use its internals; both refuse any
+#: other) and the pipeline checks for. The one place it is written: deploy/sglang_env.sh installs `sglang==` the
+#: first entry, read from this line.
+SUPPORTED_SGLANG = ("0.5.23",)
+
+# Environment of the SGLang server process (set by eagle3/sglang_server.py and eagle3/evaluate/live.py, read by
+# server_patch only).
 ENV_DUMP_DIR = "EAGLE3_DUMP_DIR"  # the hook is inert unless this names a directory
 ENV_RID_PREFIX = "EAGLE3_RID_PREFIX"  # capture only requests whose rid starts with this (default "e3-")
 ENV_AUX_LAYERS = "EAGLE3_AUX_LAYERS"  # HF indices "2,15,27": the hook checks SGLang captures exactly these
 ENV_WRITER_QUEUE = "EAGLE3_WRITER_QUEUE"  # finished requests waiting for the writer thread (default 8)
+ENV_CPU_SPEC = "EAGLE3_CPU_SPEC"  # "1": on a CPU server, install the EAGLE3 fallback (server_patch/cpu_spec.py)
+ENV_PREFIX = "EAGLE3_"  # every variable above: a server launched without capture gets none of them
 
 RID_PREFIX = "e3-"
 STATUS_DIR = ".plugin"

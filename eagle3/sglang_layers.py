@@ -21,6 +21,11 @@ An unknown family is an error that says how to proceed, never a guess (STYLE.md:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3.aux_layers import resolve_aux_layers
+from eagle3.config import ExtractConfig
+from eagle3.model_files import read_model_facts
 
 PLUS_ONE = "plus_one"
 FIRST_ID_IS_1 = "first_id_is_1"
@@ -55,6 +60,15 @@ class SGLangLayers:
 
     def cli_args(self) -> list[str]:
         return ["--return-aux-hidden-state-layer-ids", *map(str, self.layer_ids)]
+
+
+def extraction_layers(model_dir: Path, extract: ExtractConfig) -> SGLangLayers:
+    """The SGLang ids an extraction of the model in `model_dir` passes: `extract.aux_layers` (default EAGLE-3's)
+    through the family's rule, or `extract.sglang_layer_ids` where set. The one place a server, engine or check
+    derives them from a config; a finished store's are in its run.json (`engine_layer_ids`)."""
+    facts = read_model_facts(Path(model_dir))
+    aux = resolve_aux_layers(extract.aux_layers, facts.num_layers)
+    return sglang_layer_ids(facts.model_type, aux, facts.num_layers, extract.sglang_layer_ids)
 
 
 def sglang_layer_ids(

@@ -38,6 +38,7 @@ import httpx
 from eagle3 import dump_protocol as proto
 from eagle3 import procs
 from eagle3.config import ServerConfig
+from eagle3.device import nvidia_smi_present, resolve_device
 from eagle3.keeper import OwnedProcess
 from eagle3.server_record import (
     Reaped,
@@ -50,7 +51,6 @@ from eagle3.server_record import (
 )
 from eagle3.sglang_layers import SGLangLayers
 
-SUPPORTED_SGLANG = ("0.5.23",)
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
 PORT_FREE_WAIT_S = 15.0
 LineFn = Callable[[str], None]
@@ -60,11 +60,10 @@ class ServerError(RuntimeError):
     """The server did not start, died, or is not set up for extraction; the message quotes its log."""
 
 
-def resolve_device(server: ServerConfig, which: Callable[[str], str | None] = shutil.which) -> str:
-    """`auto` -> cuda when the node has nvidia-smi, else cpu."""
-    if server.device != "auto":
-        return server.device
-    return "cuda" if which("nvidia-smi") else "cpu"
+def server_device(server: ServerConfig, which: Callable[[str], str | None] = shutil.which) -> str:
+    """The device of a launched server: `auto` -> cuda when the node has nvidia-smi (the server runs in another
+    interpreter, so this process's torch does not speak for it), else cpu."""
+    return resolve_device(server.device, cuda=lambda: nvidia_smi_present(which))
 
 
 def venv_dir(python: str) -> Path:
@@ -125,7 +124,7 @@ def build_env(
 ) -> dict[str, str]:
     """The server's environment: the caller's (NCCL_*, CUDA_*, HF_* pass through), server.env, the hook's
     switches when capturing, and the CPU engine + stub libcuda on CPU."""
-    env = {k: v for k, v in base_env.items() if not k.startswith("EAGLE3_")}
+    env = {k: v for k, v in base_env.items() if not k.startswith(proto.ENV_PREFIX)}
     env.update(server.env)
     env["PYTHONUNBUFFERED"] = "1"  # the log file shows progress as it happens
     if dump_dir is not None:
@@ -173,7 +172,7 @@ class SGLangServer:
         self.radix_cache = radix_cache
         self.on_line = on_line
         self.stop_grace_s = stop_grace_s
-        self.device = resolve_device(server)
+        self.device = server_device(server)
         self.attached = server.url is not None
         self.url = (server.url or f"http://{server.host}:{self.port}").rstrip("/")
         self.log_path = self.log_dir / "sglang.log"
@@ -296,7 +295,8 @@ class SGLangServer:
         if not Path(self.cfg.python).exists():
             raise ServerError(
                 f"server.python {self.cfg.python} does not exist: build the SGLang environment with "
-                "deploy/sglang_env.sh (or point server.python at an interpreter with sglang==0.5.23)"
+                "deploy/sglang_env.sh (or point server.python at an interpreter with "
+                f"sglang=={proto.SUPPORTED_SGLANG[0]})"
             )
         if self.device == "cpu" and not (venv_dir(self.cfg.python) / "stub" / "libcuda.so.1").exists():
             raise ServerError(
@@ -388,8 +388,10 @@ class SGLangServer:
             )
         if not any(w.get("writes") for w in workers):
             raise ServerError(f"no worker writes dumps (no attention-TP rank 0 reported) {where}")
-        if self.version not in SUPPORTED_SGLANG:
-            raise ServerError(f"SGLang {self.version} at {self.url}; the hook supports {', '.join(SUPPORTED_SGLANG)}")
+        if self.version not in proto.SUPPORTED_SGLANG:
+            raise ServerError(
+                f"SGLang {self.version} at {self.url}; the hook supports {', '.join(proto.SUPPORTED_SGLANG)}"
+            )
 
     def _check_attached(self) -> None:
         info = self._server_info()

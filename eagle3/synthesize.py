@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.chat import ChatTokenizer, Message, RowError, split_reasoning
 from eagle3.config import PipelineConfig, ServerConfig, SynthesizeConfig
+from eagle3.device import resolve_device
 from eagle3.fsio import atomic_write_json, atomic_write_text, read_json, remove_stale_temps
 from eagle3.generate_client import GenerationClient, GenerationFailed, Server
 from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
@@ -195,19 +196,11 @@ def turn_of(chat: ChatTokenizer, ids: list[int], stops: Sequence[int], finish_re
 
 
 # transformers engine ------------------------------------------------------------------------------
-def resolve_device(server: ServerConfig) -> str:
-    import torch
-
-    if server.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return server.device
-
-
 def load_model(model_dir: Path, server: ServerConfig) -> Any:
     from transformers import AutoModelForCausalLM
 
     dtype = DTYPES[server.dtype]
-    if resolve_device(server) == "cuda":  # spread over the visible GPUs when one does not hold the model
+    if resolve_device(server.device) == "cuda":  # spread over the visible GPUs when one does not hold the model
         model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="auto")
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)  # loads on the CPU

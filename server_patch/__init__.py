@@ -26,7 +26,9 @@ import socket
 import time
 from pathlib import Path
 
-SUPPORTED_SGLANG = ("0.5.23",)
+from eagle3.dump_protocol import ENV_CPU_SPEC, SUPPORTED_SGLANG
+
+__all__ = ["SUPPORTED_SGLANG", "UnsupportedSGLang", "load_plugin"]
 log = logging.getLogger("eagle3.server_patch")
 
 
@@ -40,7 +42,7 @@ def load_plugin() -> None:
     # Opt-in, independent of the hook below: EAGLE3_CPU_SPEC=1 installs the CPU fallback that lets SGLang
     # serve EAGLE3 chain drafting with --device cpu (server_patch/cpu_spec.py). Without the switch it is
     # never imported. A failure is logged and re-raised; SGLang then fails as it would without it.
-    if os.environ.get("EAGLE3_CPU_SPEC") == "1":
+    if os.environ.get(ENV_CPU_SPEC) == "1":
         from server_patch import cpu_spec
 
         try:

@@ -36,8 +36,9 @@ from typing import Any
 
 import torch
 
-ENV_SWITCH = "EAGLE3_CPU_SPEC"
-SUPPORTED_SGLANG = ("0.5.23",)
+from eagle3.dump_protocol import ENV_CPU_SPEC as ENV_SWITCH
+from eagle3.dump_protocol import SUPPORTED_SGLANG
+
 log = logging.getLogger("eagle3.server_patch.cpu_spec")
 
 _LIBRARY: Any = None  # the torch.library fragment; kept alive for the process (dropping it unregisters the ops)

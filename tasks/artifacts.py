@@ -136,13 +136,12 @@ class RunProgressRef(BaseModel):
 
     artifact_id: str
     total: int  # samples over all shards of this flow run
-    done_before: int  # samples of the shards processed before this one
 
 
 class TaskProgress:
-    """A ProgressFn for a task: feeds the task's progress artifact, optionally a run-level artifact,
-    and writes a log line with a text bar every `log_every_s` (the terminal's progress bar: Prefect
-    prints run logs to the console, and the same lines show in the UI).
+    """A ProgressFn for a task: feeds the task's progress artifact and writes a log line with a text bar every
+    `log_every_s` (the terminal's progress bar: Prefect prints run logs to the console, and the same lines show in
+    the UI).
 
     Used as a context manager around the library call, it also creates the artifact at once and keeps the
     step visibly alive: when the library reports nothing for `heartbeat_s` (loading a model, a first compiled
@@ -157,7 +156,6 @@ class TaskProgress:
         *,
         key: str | None = None,
         unit: str = "samples",
-        run: RunProgressRef | None = None,
         min_interval_s: float = 2.0,
         log_every_s: float = 10.0,
         heartbeat_s: float = HEARTBEAT_S,
@@ -166,10 +164,6 @@ class TaskProgress:
         self.label = label
         self.unit = unit
         self.own = ProgressArtifact(logger, key=key, min_interval_s=min_interval_s)
-        self.run = run
-        self.run_artifact = (
-            ProgressArtifact(logger, artifact_id=run.artifact_id, min_interval_s=min_interval_s) if run else None
-        )
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
         self._final_logged: tuple[int, int, int] | None = None
@@ -180,10 +174,9 @@ class TaskProgress:
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
-    def start(self, total: int | None = None) -> None:
-        """Create the artifact now, at 0% (`total` unknown yet: it says the step started)."""
-        text = describe(0, total, self.unit, 0.0, None) if total is not None else f"{self.label}: started"
-        self.own.create(0.0, text)
+    def start(self) -> None:
+        """Create the artifact now, at 0%: the step started."""
+        self.own.create(0.0, f"{self.label}: started")
 
     def __enter__(self) -> TaskProgress:
         self.start()
@@ -224,15 +217,6 @@ class TaskProgress:
         self.own.update(
             100 * p.fraction, describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra), force=final
         )
-        if self.run and self.run_artifact:
-            done = self.run.done_before + p.done
-            worked = p.done - p.skipped
-            rate = worked / p.elapsed_s if worked > 0 and p.elapsed_s > 0 else 0.0  # this shard's pace
-            eta = (self.run.total - done) / rate if rate > 0 else None
-            run_fraction = done / self.run.total if self.run.total else 1.0
-            self.run_artifact.update(
-                100 * run_fraction, describe(done, self.run.total, self.unit, p.tokens_per_s, eta), force=final
-            )
         now = time.monotonic()
         if final and (p.done, p.skipped, p.failed) == self._final_logged:
             return  # the library reports its end twice (last add + finish): log it once
@@ -249,7 +233,7 @@ def create_run_progress(run_dir: str | Path, stage: str, total: int) -> RunProgr
     artifact_id = create_progress_artifact(
         0.0, key=run_key(run_dir, f"{stage}-progress"), description=describe(0, total, "samples", 0.0, None)
     )
-    return RunProgressRef(artifact_id=str(artifact_id), total=total, done_before=0)
+    return RunProgressRef(artifact_id=str(artifact_id), total=total)
 
 
 def finish_run_progress(ref: RunProgressRef, done: int, description: str) -> None:

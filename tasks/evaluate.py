@@ -111,7 +111,7 @@ def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> Offline
     if old is None:
         return None
     info = store.require_run_info("evaluate needs the store the draft was trained from")
-    dtype = offline_dtype(ev, config.server.device, info.dtype)
+    dtype = offline_dtype(ev, info.dtype)
     ks = ev.chain_lengths()
     want = [(s.name, len(s.ids), k) for s in sets for k in ks]
     have = [(r.set_name, r.num_prompts, r.steps) for r in old.runs]
@@ -144,9 +144,7 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     offline = previous_offline(config, sets)
     if offline is None:
         with report:
-            offline = evaluate_offline(
-                ev, run_dir, model, paths.train.root, sets=sets, device=config.server.device, progress=report
-            )
+            offline = evaluate_offline(ev, run_dir, model, paths.train.root, sets=sets, progress=report)
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", paths.offline_eval_json)
     for r in offline.runs:

@@ -1,14 +1,16 @@
 """train: torchrun as a child process (eagle3.train.launch) while holding the `gpu` concurrency limit.
 
-Its log streams into the task's log (and `<run_dir>/train/train.log`); metrics.jsonl feeds the progress
-artifact (steps, tok/s, ETA) as they come, and every `TABLE_EVERY_S` plus at the end the per-TTT-step table
-and the curves (a PNG, on disk and inline). Cancelling the flow run stops the trainer (SIGTERM, then SIGKILL);
-the next run resumes from the last atomic checkpoint. A finished training is not launched again.
+Its log streams into the task's log as printed (and `<run_dir>/train/train.log`); metrics.jsonl, never the log,
+feeds the progress artifact (steps, tok/s, ETA) as they come, and every `TABLE_EVERY_S` plus at the end the
+per-TTT-step table and the curves (a PNG, on disk and inline). Cancelling the flow run stops the trainer
+(SIGTERM, then SIGKILL); the next run resumes from the last atomic checkpoint. A finished training is not launched
+again.
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,11 @@ class TrainReporter:
     def __init__(self, config: PipelineConfig, out: Path, logger: Any):
         self.config, self.out, self.logger = config, out, logger
         self.paths = TrainPaths(out)
-        self.progress = TaskProgress(logger, "train", key=run_key(config.run_dir, "train-progress"), unit="steps")
+        # the worker's own lines carry the steps into the log; from metrics.jsonl only the artifact, the heartbeat
+        # of a silent worker and the final line
+        self.progress = TaskProgress(
+            logger, "train", key=run_key(config.run_dir, "train-progress"), unit="steps", log_every_s=math.inf
+        )
         self.tail = MetricsTail(self.paths.metrics)
         self.t0 = time.monotonic()
         self.tokens = 0
@@ -139,7 +145,7 @@ def hold_gpus(nproc: int) -> Any:
 
 @task(name="train", retries=0, cache_policy=NO_CACHE)
 def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
-    """Train the draft under torchrun (train.nproc processes) on `config.server.device`, resuming if stopped."""
+    """Train the draft under torchrun (train.nproc processes) on `config.train.device`, resuming if stopped."""
     logger = get_run_logger()
     out = train_dir(config)
     check_inputs(config)
@@ -169,9 +175,8 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
         hold_gpus(nproc),
         TrainProcess(cmd, log_path=paths.log, env=train_env(nproc)) as proc,
     ):
-        for line in proc.lines():
-            # the worker's own progress lines stay in train.log: TaskProgress logs the same, with a bar
-            if line.strip() and not line.startswith(('{"result"', "train: ")):
+        for line in proc.lines():  # what the worker prints, as it is; its progress comes from metrics.jsonl
+            if line.strip():
                 logger.info("%s", line)
             reporter.poll()
         code = proc.returncode
@@ -199,7 +204,7 @@ def new_job(config: PipelineConfig, model_dir: str, plan: TrainPlan, out: Path) 
             get_run_logger().info("train: init=previous: %s", f"warm start from {current}" if current else
                                   "no promoted draft yet (draft/current), starting fresh")  # fmt: skip
     return TrainJob(
-        train=config.train, run_dir=config.run_dir, model_dir=model_dir, out_dir=str(out), device=config.server.device,
+        train=config.train, run_dir=config.run_dir, model_dir=model_dir, out_dir=str(out), device=config.train.device,
         init_from=init_from, data_key=key, data_tokens=tokens,
     )  # fmt: skip
 

@@ -39,14 +39,14 @@ import torch
 from safetensors import safe_open
 
 from eagle3 import dump_protocol as proto
-from eagle3.aux_layers import resolve_aux_layers
-from eagle3.config import PipelineConfig
+from eagle3.config import PipelineConfig, dump_root
 from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.fsio import remove_stale_temps
 from eagle3.model_files import read_model_facts
+from eagle3.run_paths import RunPaths
 from eagle3.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
-from eagle3.sglang_layers import sglang_layer_ids
-from eagle3.sglang_server import SUPPORTED_SGLANG, LineFn, ServerError, SGLangServer
+from eagle3.sglang_layers import extraction_layers
+from eagle3.sglang_server import LineFn, ServerError, SGLangServer
 from eagle3.store import DTYPES, PreparedSample
 
 log = logging.getLogger("eagle3.sglang")
@@ -63,15 +63,29 @@ def run_id_of(run_dir: Path) -> str:
 
 
 def build_sglang_engine(
-    cfg: PipelineConfig, model_dir: Path, base_env: Mapping[str, str] | None = None, on_line: LineFn | None = None
+    cfg: PipelineConfig,
+    model_dir: Path,
+    base_env: Mapping[str, str] | None = None,
+    on_line: LineFn | None = None,
+    *,
+    dump_dir: Path | None = None,
+    log_dir: Path | None = None,
 ) -> SGLangEngine:
-    """The engine for `server.engine: sglang`: dumps under extract.dump_dir (default <run_dir>/dump, the
-    store's filesystem, so moving a dump in is a rename), the server log under <run_dir>/server/."""
+    """The engine for `server.engine: sglang`, owning the server it launches (or attaches to): dumps under
+    `dump_dir` (default `config.dump_root`: extract.dump_dir, else <run_dir>/dump, the store's filesystem, so
+    moving a dump in is a rename), the server log under `log_dir` (default <run_dir>/server/)."""
     run_dir = Path(cfg.run_dir)
-    dump_dir = Path(cfg.extract.dump_dir) if cfg.extract.dump_dir else run_dir / "dump"
     if on_line is None:  # the server log, line by line, to a logger a Prefect task can forward
         on_line = logging.getLogger("eagle3.sglang").info
-    return SGLangEngine(cfg, model_dir, run_id_of(run_dir), dump_dir, base_env=base_env, on_line=on_line)
+    return SGLangEngine(
+        cfg,
+        model_dir,
+        run_id_of(run_dir),
+        dump_dir or dump_root(run_dir, cfg.extract),
+        base_env=base_env,
+        on_line=on_line,
+        log_dir=log_dir,
+    )
 
 
 class SGLangEngine:
@@ -85,11 +99,11 @@ class SGLangEngine:
         base_env: Mapping[str, str] | None = None,
         on_line: LineFn | None = None,
         server: SGLangServer | None = None,
+        log_dir: Path | None = None,
         dump_timeout_s: float = 120.0,
     ):
         facts = read_model_facts(Path(model_dir))
-        aux = resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers)
-        self.layers = sglang_layer_ids(facts.model_type, aux, facts.num_layers, cfg.extract.sglang_layer_ids)
+        self.layers = extraction_layers(Path(model_dir), cfg.extract)
         self.cfg = cfg
         self.run_id = run_id
         self.dump_dir = Path(dump_dir)
@@ -99,8 +113,8 @@ class SGLangEngine:
         self.dump_timeout_s = dump_timeout_s
         self.info = EngineInfo(
             name="sglang",
-            version=SUPPORTED_SGLANG[0],  # the hook refuses any other; checked again against /server_info
-            aux_layers=aux,
+            version=proto.SUPPORTED_SGLANG[0],  # the hook refuses any other; checked again against /server_info
+            aux_layers=list(self.layers.aux_layers),
             engine_layer_ids=self.layers.layer_ids,
             engine_layer_convention=self.layers.convention,
         )
@@ -110,7 +124,7 @@ class SGLangEngine:
             Path(model_dir),
             dump_dir=self.dump_dir,
             layers=self.layers,
-            log_dir=Path(cfg.run_dir) / "server",
+            log_dir=log_dir or RunPaths(cfg.run_dir).server_log_dir,
             base_env=dict(os.environ) if base_env is None else base_env,
             on_line=on_line,
         )

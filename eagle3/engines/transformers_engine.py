@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from eagle3.aux_layers import resolve_aux_layers
+from eagle3.device import torch_device
 from eagle3.engines.base import Captured, EngineInfo, Failed, Outcome
 from eagle3.model_files import read_model_facts
 from eagle3.sample_format import FP8_NAME, quantize_fp8
@@ -27,13 +28,6 @@ from eagle3.store import DTYPES, PreparedSample
 
 CONVENTION = "hf_hidden_states"
 _MODELS: dict[tuple[str, str, str], Any] = {}  # (resolved path, device, dtype) -> loaded causal LM
-
-
-def resolve_device(device: str) -> torch.device:
-    """`auto` -> cuda when available, else cpu."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
@@ -99,7 +93,7 @@ class TransformersEngine:
         facts = read_model_facts(Path(model_dir))
         self.model_dir = Path(model_dir)
         self.vocab_size = facts.vocab_size
-        self.device = resolve_device(device)
+        self.device = torch_device(device)
         self.dtype = DTYPES[dtype]
         self.batch_tokens = batch_tokens
         self.fp8 = store_dtype == FP8_NAME

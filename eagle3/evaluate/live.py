@@ -31,17 +31,17 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from eagle3 import dump_protocol as proto
 from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.run_paths import RunPaths
-from eagle3.sglang_server import ServerError, SGLangServer, resolve_device
+from eagle3.sglang_server import ServerError, SGLangServer, server_device
 from eagle3.store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
 WARMUP_TOKENS = 8
 #: The plugin's switch for EAGLE3 on a CPU server (server_patch/cpu_spec.py).
-CPU_SPEC_ENV = "EAGLE3_CPU_SPEC"
 #: Log lines by which SGLang 0.5.23 (or the plugin's CPU fallback) says it cannot run EAGLE3 here (docs/sglang.md).
 UNSUPPORTED_SIGNS = (
     "EAGLE is not supported in",
@@ -275,7 +275,7 @@ def skip_reason(evaluate: EvaluateConfig, server: ServerConfig, device: str) -> 
 
 def eagle3_env(device: str) -> dict[str, str]:
     """Environment of the EAGLE3 server: on CPU, the plugin's switch that makes SGLang able to serve it."""
-    return {CPU_SPEC_ENV: "1"} if device == "cpu" else {}
+    return {proto.ENV_CPU_SPEC: "1"} if device == "cpu" else {}
 
 
 def evaluate_live(
@@ -297,7 +297,7 @@ def evaluate_live(
     run_dir, draft_dir, model_dir = Path(run_dir), Path(draft_dir), Path(model_dir)
     if not (draft_dir / "config.json").is_file():
         raise LiveEvalError(f"{draft_dir}: no config.json; export the draft first (eagle3.export.export_draft)")
-    device = resolve_device(server)
+    device = server_device(server)
     spec = speculative_args(evaluate)
     base: dict[str, Any] = {
         "device": device,

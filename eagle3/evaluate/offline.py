@@ -31,9 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.chat import ChatTokenizer, RowError, normalize_row
 from eagle3.config import DataConfig, EvalSetConfig, EvaluateConfig
+from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
-from eagle3.engines.transformers_engine import load_causal_lm, resolve_device
+from eagle3.engines.transformers_engine import load_causal_lm
 from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.prepare import read_rows
@@ -392,7 +393,7 @@ def summarize(
 def load_target(model_dir: Path, aux_layers: list[int], *, device: str, dtype: str) -> Target:
     if dtype not in DTYPES:
         raise EvalError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
-    model = load_causal_lm(Path(model_dir), resolve_device(device), DTYPES[dtype])
+    model = load_causal_lm(Path(model_dir), torch_device(device), DTYPES[dtype])
     chat = ChatTokenizer.from_model_dir(Path(model_dir))
     return Target(model, list(aux_layers), frozenset(stop_token_ids(model, chat)))
 
@@ -467,12 +468,12 @@ def run_of(result: OfflineEvalResult, set_name: str, steps: int) -> OfflineEvalR
     return next((r for r in result.runs if r.set_name == set_name and r.steps == steps), None)
 
 
-def offline_dtype(cfg: EvaluateConfig, device: str, store_dtype: str) -> str:
+def offline_dtype(cfg: EvaluateConfig, store_dtype: str) -> str:
     """evaluate.offline_dtype resolved: `auto` is float32 on CPU (exact there; SmolLM2 decodes 22 tok/s vs bf16 33
     on one thread of the dev box), else the store's dtype."""
     if cfg.offline_dtype != "auto":
         return cfg.offline_dtype
-    return "float32" if resolve_device(device).type == "cpu" else store_dtype
+    return "float32" if resolve_device(cfg.device) == "cpu" else store_dtype
 
 
 def read_offline_result(run_dir: Path) -> OfflineEvalResult | None:
@@ -497,11 +498,11 @@ def evaluate_offline(
     checkpoint: Path,
     *,
     sets: Sequence[EvalPrompts] | None = None,
-    device: str = "auto",
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
     """The evaluate stage's offline part: the evaluation sets (`sets`, else cfg.eval_sets() read), each at every
-    chain length of cfg.chain_lengths(), the target in cfg.offline_dtype, written to <run_dir>/eval/offline.json."""
+    chain length of cfg.chain_lengths(), on cfg.device, the target in cfg.offline_dtype, written to
+    <run_dir>/eval/offline.json."""
     info = RunStore(run_dir).require_run_info("evaluate needs the run directory the draft was trained from")
     if sets is None:
         sets = load_eval_sets(cfg, ChatTokenizer.from_model_dir(Path(model_dir)))
@@ -512,8 +513,8 @@ def evaluate_offline(
         sets,
         chain_lengths=cfg.chain_lengths(),
         max_new_tokens=cfg.max_new_tokens,
-        device=device,
-        dtype=offline_dtype(cfg, device, info.dtype),
+        device=cfg.device,
+        dtype=offline_dtype(cfg, info.dtype),
         progress=progress,
     )
     write_offline_result(run_dir, result)

@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from eagle3.config import TrainConfig
+from eagle3.device import torch_device
 from eagle3.draft.checkpoint import gather_tensors, latest_checkpoint, load_checkpoint, save_checkpoint, step_dir
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map
 from eagle3.draft.loss import target_distribution, ttt_loss
@@ -70,12 +71,6 @@ class TrainError(RuntimeError):
 
 class NonFiniteLossError(TrainError):
     """The loss or gradient norm became NaN/inf; the message names the step."""
-
-
-def resolve_device(device: str, local_rank: int) -> torch.device:
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -295,7 +290,7 @@ class Trainer:
 
     @classmethod
     def build(cls, job: TrainJob, *, rank: int = 0, world: int = 1, local_rank: int = 0) -> Trainer:
-        device = resolve_device(job.device, local_rank)
+        device = torch_device(job.device, index=local_rank)
         if world > 1 and not dist.is_initialized():
             raise TrainError(f"world size {world} but no process group: start through eagle3/train/worker.py")
         return cls(job, rank=rank, world=world, device=device)

@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from eagle3.device import torch_device
 from eagle3.progress import Progress
 from eagle3.train.launch import die_with_parent
-from eagle3.train.trainer import Trainer, read_job, resolve_device
+from eagle3.train.trainer import Trainer, read_job
 
 
 def _print_progress(p: Progress) -> None:
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     job = read_job(Path(args[0]))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    device = resolve_device(job.device, local_rank)
+    device = torch_device(job.device, index=local_rank)
     if world > 1:
         if device.type == "cuda":
             torch.cuda.set_device(device)

@@ -16,7 +16,7 @@ from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.export import ExportResult, export_draft
 from eagle3.fsio import read_json
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
-from eagle3.sglang_layers import sglang_layer_ids
+from eagle3.sglang_layers import extraction_layers
 from eagle3.sglang_server import SGLangServer
 from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
 from tests.ports import free_port
@@ -63,8 +63,7 @@ def sglang_config(run_dir: Path, model: Path, **server: Any) -> PipelineConfig:
 
 
 def start_server(cfg: PipelineConfig, model: Path, dump_dir: Path, **kw: Any) -> SGLangServer:
-    facts = read_model_facts(model)
-    layers = sglang_layer_ids(facts.model_type, [2, facts.num_layers // 2, facts.num_layers - 3], facts.num_layers)
+    layers = extraction_layers(model, cfg.extract)
     server = SGLangServer(
         cfg.server,
         model,

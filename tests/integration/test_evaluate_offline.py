@@ -204,10 +204,10 @@ def test_speculative_decoding_with_an_untrained_draft_equals_plain_greedy_and_wr
                    dataset_fingerprint="x", versions={}, config={})  # fmt: skip
     atomic_write_json(run_dir / "run.json", info.model_dump(mode="json"))
     cfg = EvaluateConfig.model_validate(
-        {"num_prompts": 2, "draft_steps": STEPS, "max_new_tokens": 10, "dataset": str(EVAL_PROMPTS)}
+        {"num_prompts": 2, "draft_steps": STEPS, "max_new_tokens": 10, "dataset": str(EVAL_PROMPTS), "device": "cpu"}
     )
     seen: list[int] = []
-    result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent, device="cpu", progress=lambda p: seen.append(p.done))  # fmt: skip  # noqa: E501
+    result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent, progress=lambda p: seen.append(p.done))
     assert result.dtype == "float32"  # offline_dtype auto on CPU: exact, where a bf16 store's dtype ties logits
     assert result.identical_to_greedy == 2 and result.mismatched_prompts == []
     assert result.checkpoint == str(ckpt) and result.num_prompts == 2 and seen[-1] == 2
@@ -271,13 +271,13 @@ def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them(de
                    dataset_fingerprint="x", versions={}, config={})  # fmt: skip
     atomic_write_json(run_dir / "run.json", info.model_dump(mode="json"))
     cfg = EvaluateConfig.model_validate({
-        "max_new_tokens": 8, "draft_steps": 3, "compare_steps": [3, 5],
+        "max_new_tokens": 8, "draft_steps": 3, "compare_steps": [3, 5], "device": "cpu",
         "sets": [{"name": "varied", "dataset": str(REPO / "data" / "eval_varied_prompts.jsonl"), "kind": "varied",
                   "num_prompts": 2},
                  {"name": "humaneval", "dataset": HUMANEVAL, "format": "humaneval", "kind": "public",
                   "num_prompts": 1}],
     })  # fmt: skip
-    result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent, device="cpu")
+    result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent)
     assert [(r.set_name, r.set_kind, r.steps, r.num_prompts) for r in result.runs] == [
         ("varied", "varied", 3, 2), ("varied", "varied", 5, 2),
         ("humaneval", "public", 3, 1), ("humaneval", "public", 5, 1),

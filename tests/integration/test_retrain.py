@@ -71,8 +71,8 @@ def trained_export(cfg: PipelineConfig, model: Path, name: str, **over: object) 
 
 
 def evaluation(cfg: PipelineConfig, model: Path, name: str) -> EvalRecord:
-    ev: EvaluateConfig = cfg.evaluate
-    off = evaluate_offline(ev, Path(cfg.run_dir), model, Path(cfg.run_dir) / "trains" / name, device="cpu")
+    ev: EvaluateConfig = cfg.evaluate.model_copy(update={"device": "cpu"})
+    off = evaluate_offline(ev, Path(cfg.run_dir), model, Path(cfg.run_dir) / "trains" / name)
     eval_set = EvalSet(dataset_sha256=sha256_file(Path(ev.dataset)), num_prompts=off.num_prompts,
                        max_new_tokens=off.max_new_tokens, draft_steps=off.steps, offline_dtype=off.dtype)  # fmt: skip
     return EvalRecord(eval_set=eval_set, acceptance_length=off.acceptance_length)

@@ -62,15 +62,6 @@ def test_updates_are_throttled_in_place_and_the_end_is_always_written(api: FakeA
     assert api.calls[-1][1] == 100.0 and api.calls[-1][2] == "10/10 samples, 1000 tok/s, ETA 0s"
 
 
-def test_a_shard_feeds_the_run_level_artifact_with_its_offset(api: FakeApi) -> None:
-    run = art.RunProgressRef(artifact_id=str(uuid4()), total=40, done_before=20)
-    report = art.TaskProgress(logging.getLogger("t"), "shard 2", run=run, min_interval_s=0)
-    report(progress(5, elapsed=5.0))  # 1 sample/s -> 15 left over the run
-    run_updates = [c for c in api.calls if c[0] == "update"]
-    assert run_updates[-1][1] == pytest.approx(62.5)
-    assert run_updates[-1][2] == "25/40 samples, 100 tok/s, ETA 15s"
-
-
 def test_a_failing_api_is_logged_once_and_never_raises(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

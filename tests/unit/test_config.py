@@ -108,3 +108,25 @@ def test_the_flow_parameter_form_has_every_section_with_descriptions() -> None:
         engine = defs["ServerConfig"]["properties"]["engine"]
         assert engine["enum"] == ["transformers", "sglang"]  # a dropdown in the UI
         assert top["properties"]["stages"]["items"]["enum"] == list(STAGES)
+
+
+def test_training_and_the_offline_evaluation_have_their_own_device(tmp_path: Path) -> None:
+    """train.device and evaluate.device, not server.device (the extraction server's), decide where the draft
+    trains and where the offline evaluation runs; both default to `auto` and the demo pins them to cpu."""
+    from eagle3.evaluate.offline import offline_dtype
+    from eagle3.retrain import TrainPlan
+    from tasks.train import new_job
+
+    default = PipelineConfig.model_validate({})
+    assert (default.train.device, default.evaluate.device) == ("auto", "auto")
+    demo = load_config(REPO / "configs" / "demo.yaml")
+    assert (demo.train.device, demo.evaluate.device) == ("cpu", "cpu")
+    cfg = PipelineConfig.model_validate(
+        {"run_dir": str(tmp_path), "server": {"device": "cpu"}, "train": {"device": "cuda"},
+         "evaluate": {"device": "cuda"}}
+    )  # fmt: skip
+    plan = TrainPlan(action="train", reason="test", data_key="k", data_tokens=1, new_tokens=1)
+    assert new_job(cfg, "m", plan, tmp_path / "train").device == "cuda"
+    assert offline_dtype(cfg.evaluate, "bfloat16") == "bfloat16"  # on cuda: the store's dtype, whatever the server's
+    on_cpu = cfg.evaluate.model_copy(update={"device": "cpu"})
+    assert offline_dtype(on_cpu, "bfloat16") == "float32"

@@ -86,18 +86,19 @@ def test_a_stored_offline_result_is_reused_only_for_the_same_checkpoint_settings
     )  # fmt: skip
     one = offline().model_copy(update={"checkpoint": str(ckpt), "dtype": "float32"})
     write_offline_result(tmp_path, one.model_copy(update={"runs": [one, one.model_copy(update={"steps": 5})]}))
-    cpu: dict[str, Any] = {"run_dir": str(tmp_path), "server": {"device": "cpu"}}
-    same = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32}})
+    cpu: dict[str, Any] = {"run_dir": str(tmp_path)}
+    ev: dict[str, Any] = {"device": "cpu", "max_new_tokens": 32}
+    same = PipelineConfig.model_validate({**cpu, "evaluate": ev})
 
     def held_out(n: int, name: str = "held-out") -> list[EvalPrompts]:
         return [EvalPrompts(name, "held-out", "d.jsonl", [[1]] * n, [None] * n)]
 
     assert previous_offline(same, held_out(4)) is not None  # offline_dtype auto on CPU = float32, as measured
-    bf16 = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32, "offline_dtype": "bfloat16"}})
+    bf16 = PipelineConfig.model_validate({**cpu, "evaluate": {**ev, "offline_dtype": "bfloat16"}})
     assert previous_offline(bf16, held_out(4)) is None
     assert previous_offline(same, held_out(5)) is None
     assert previous_offline(same, held_out(4, "varied")) is None  # another set
-    only_k3 = PipelineConfig.model_validate({**cpu, "evaluate": {"max_new_tokens": 32, "compare_steps": [3]}})
+    only_k3 = PipelineConfig.model_validate({**cpu, "evaluate": {**ev, "compare_steps": [3]}})
     assert previous_offline(only_k3, held_out(4)) is None  # other chain lengths
 
 

@@ -9,7 +9,14 @@ import pytest
 from eagle3 import dump_protocol as proto
 from eagle3.config import ServerConfig
 from eagle3.sglang_layers import sglang_layer_ids
-from eagle3.sglang_server import ServerError, SGLangServer, build_command, build_env, resolve_device, shell_line
+from eagle3.sglang_server import (
+    ServerError,
+    SGLangServer,
+    build_command,
+    build_env,
+    server_device,
+    shell_line,
+)
 
 LAYERS = sglang_layer_ids("llama", [2, 15, 27], 30)
 
@@ -64,8 +71,8 @@ def test_without_capture_the_baseline_server_has_no_capture_flags() -> None:
 
 def test_auto_device_follows_nvidia_smi() -> None:
     cfg = ServerConfig(engine="sglang")
-    assert resolve_device(cfg, which=lambda _: "/usr/bin/nvidia-smi") == "cuda"
-    assert resolve_device(cfg, which=lambda _: None) == "cpu"
+    assert server_device(cfg, which=lambda _: "/usr/bin/nvidia-smi") == "cuda"
+    assert server_device(cfg, which=lambda _: None) == "cpu"
 
 
 def test_the_shell_line_shows_only_the_changed_environment() -> None:

@@ -75,3 +75,32 @@ def test_the_extract_section_shares_nothing_by_default_and_bounds_the_lease_ttl(
     assert cfg.extract.share_run_dir is False and cfg.extract.lease_ttl_s == 600.0 and cfg.server.servers == []
     with pytest.raises(ValidationError, match="lease_ttl_s"):
         PipelineConfig.model_validate({"extract": {"lease_ttl_s": 1}})
+
+
+def _model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "num_hidden_layers": 30, "hidden_size": 64, "vocab_size": 100}'
+    )
+    return tmp_path
+
+
+def test_one_of_several_servers_gets_the_engine_the_one_builder_makes(tmp_path: Path) -> None:
+    """build_server_engine is build_engine with the server's own device, dump and log directories: the store
+    dtype reaches a transformers server too, and a launched sglang server of several owns its own files."""
+    from eagle3.engines.sglang_engine import SGLangEngine
+    from eagle3.engines.transformers_engine import TransformersEngine
+    from eagle3.server_specs import build_server_engine
+
+    model = _model_dir(tmp_path)
+    cfg = PipelineConfig.model_validate({"run_dir": "/runs/r1", "server": {"engine": "transformers", "device": "cpu",
+                                         "servers": [{}]}, "extract": {"store_dtype": "float8_e4m3"}})  # fmt: skip
+    (spec,) = server_specs(cfg, host="h")
+    engine = build_server_engine(spec, model, base_env={})
+    assert isinstance(engine, TransformersEngine) and engine.fp8 and str(engine.device) == "cpu"
+
+    a, _ = server_specs(config(servers=[{}, {}]), host="node-a")
+    sglang = build_server_engine(a, model, base_env={})
+    assert isinstance(sglang, SGLangEngine)
+    assert sglang.dump_dir == Path("/runs/r1/dump/node-a-30000")
+    assert sglang.server.log_dir == Path("/runs/r1/server/node-a-30000")
+    assert sglang.info.engine_layer_ids == [1, 14, 26]  # llama: HF index - 1 (extraction_layers)
