@@ -99,6 +99,11 @@ class RunPaths:
         """The prepared shard files there now (stale ones included), by name."""
         return sorted(self.prepared_dir.glob("shard-*.arrow"))
 
+    # the prompts stage's default output (prompts.out_dir unset) -------------------------
+    @property
+    def prompts_dir(self) -> Path:
+        return self.root / "prompts"
+
     # synthesized answers -----------------------------------------------------------------
     @property
     def synthesized_dir(self) -> Path:

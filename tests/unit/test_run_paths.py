@@ -29,14 +29,15 @@ RUN_PATHS_NAMES = (
     "run.json", "import.json", "prepared", "synthesized", "shards", "leases", "quarantine", "index.arrow",
     "vocab_map.safetensors", "convert.json", "export.json", "job.json", "train.log", "metrics.jsonl", "curves.png",
     "checkpoints", "trains", "exports", "promotion.json", "offline.json", "live.json", "dump", "server", "doctor",
+    "prompts",
 )  # fmt: skip
 OWNERS = {
     **dict.fromkeys(RUN_PATHS_NAMES, "eagle3/run_paths.py"),
     "latest.json": "eagle3/draft/checkpoint.py",
     "step-": "eagle3/draft/checkpoint.py",
 }
-DIRECTORIES = {"prepared", "synthesized", "shards", "leases", "quarantine", "checkpoints", "trains", "exports", "dump",
-               "server", "doctor"}  # fmt: skip
+DIRECTORIES = {"prompts", "prepared", "synthesized", "shards", "leases", "quarantine", "checkpoints", "trains",
+               "exports", "dump", "server", "doctor"}  # fmt: skip
 
 
 def spelled(path: Path) -> set[str]:
