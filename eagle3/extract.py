@@ -185,10 +185,23 @@ def extract_shard(
     for s in todo:
         if s.sample_id not in manifest.samples and s.sample_id not in manifest.errors:
             manifest.errors[s.sample_id] = f"engine {engine.info.name} returned no result for this sample"
+    in_prepared_order(manifest, samples)
     manifest.status = final_status(manifest)
     store.write_manifest(manifest)
     progress.finish()
     return manifest
+
+
+def in_prepared_order(manifest: ShardManifest, samples: list[PreparedSample]) -> None:
+    """Samples and errors in prepared order, not in the order the writer threads finished: the manifest, and
+    so the convert index, its fingerprint and the trainer's batches, are the same on every run."""
+    order = {s.sample_id: i for i, s in enumerate(samples)}
+
+    def rank(item: tuple[str, object]) -> int:
+        return order.get(item[0], len(order))
+
+    manifest.samples = dict(sorted(manifest.samples.items(), key=rank))
+    manifest.errors = dict(sorted(manifest.errors.items(), key=rank))
 
 
 def check_engine_matches(engine_info: EngineInfo, info: RunInfo) -> None:
