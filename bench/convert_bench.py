@@ -42,7 +42,6 @@ from eagle3.convert import (  # noqa: E402
     import_speculators,
 )
 from eagle3.convert.common import ordered_map  # noqa: E402
-from eagle3.convert.stage import CONVERT_FILE, INDEX_FILE, VOCAB_FILE  # noqa: E402
 from eagle3.fsio import atomic_write_with  # noqa: E402
 from eagle3.store import RunStore  # noqa: E402
 
@@ -117,7 +116,7 @@ def main() -> None:
         export_specforge(store, work / "sf0", workers=w)  # sources for the import rows; warms imports
         export_speculators(store, work / "spec0", workers=w)
         cfg = PipelineConfig.model_validate({"run_dir": str(store.root)})
-        outputs = [store.root / n for n in (VOCAB_FILE, INDEX_FILE, CONVERT_FILE)]
+        outputs = [store.vocab_map_path, store.index_path, store.convert_json]
         ops: dict[str, tuple[Callable[[], object], Callable[[], None]]] = {
             COPY: (lambda: copy_files(files, work / "copy", w), remove(work / "copy")),
             "plain copy (shutil.copyfile, no fsync)": (lambda: plain_copy(files, work / "cp", w), remove(work / "cp")),

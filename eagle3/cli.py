@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config, run_dir_placeholders
 from eagle3.progress import Progress, ProgressFn
+from eagle3.run_paths import RunPaths
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -187,8 +188,9 @@ def report_flow_state(state: Any, store: Path, run_dir: str | Path) -> int:
 
 # retry -----------------------------------------------------------------------------------------
 def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
-    if not (run_dir / "run.json").is_file():
-        print(f"eagle3: {run_dir}/run.json missing: nothing was extracted there, so nothing to retry", file=sys.stderr)
+    run_json = RunPaths(run_dir).run_json
+    if not run_json.is_file():
+        print(f"eagle3: {run_json} missing: nothing was extracted there, so nothing to retry", file=sys.stderr)
         return EXIT_USAGE
     api_url = prefect_api_url()
     problem = check_server(api_url)

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from eagle3.run_paths import RunPaths
 from eagle3.sources import DataSource
 
 Stage = Literal["prompts", "prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
@@ -547,7 +548,7 @@ class PipelineConfig(StrictModel):
 def dump_root(run_dir: str | Path, extract: ExtractConfig) -> Path:
     """The dump directory of the sglang engine: `extract.dump_dir`, else `<run_dir>/dump` (the store's filesystem,
     so moving a dump in is a rename). Several servers of one run each get a directory below it (eagle3/servers.py)."""
-    return Path(extract.dump_dir) if extract.dump_dir else Path(run_dir) / "dump"
+    return Path(extract.dump_dir) if extract.dump_dir else RunPaths(run_dir).default_dump_dir
 
 
 RUN_DIR_PLACEHOLDERS = ("date", "model_sha")

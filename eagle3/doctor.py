@@ -23,6 +23,7 @@ from typing import Literal
 from eagle3 import dump_protocol as proto
 from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig, dump_root
 from eagle3.model_files import read_model_facts, resolve_model
+from eagle3.run_paths import RunPaths
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
 from eagle3.sglang_server import ServerError, SGLangServer, server_device
 from eagle3.store import PreparedSample
@@ -187,7 +188,8 @@ def _check_server(
     parity_max_gb: float,
 ) -> None:
     server = SGLangServer(
-        cfg.server, model_dir, dump_dir=dump_dir, layers=layers, log_dir=Path(cfg.run_dir) / "doctor", base_env=env
+        cfg.server, model_dir, dump_dir=dump_dir, layers=layers, log_dir=RunPaths(cfg.run_dir).doctor_log_dir,
+        base_env=env,
     )
     try:
         try:

@@ -42,13 +42,15 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save
 
-from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
+from eagle3.convert.vocab import check_vocab_map
+from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.model_files import model_fingerprint, sha256_file
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.run_paths import EXPORT_FILE, RunPaths
 from eagle3.sglang_layers import LayerMappingError, SGLangLayers, sglang_layer_ids
-from eagle3.store import RunInfo, now
+from eagle3.store import RunInfo, RunStore, now, read_record
 
 EXPORT_FORMAT = "eagle3-export/1"
 SPECULATORS_DIR = "speculators"
@@ -91,7 +93,7 @@ class ExportResult(BaseModel):
 def default_export_dir(run_dir: Path) -> Path:
     """The run's newest export, `<run_dir>/draft/latest` (a symlink into draft/exports/, eagle3/promote.py); the
     promoted one is `<run_dir>/draft/current`."""
-    return Path(run_dir) / "draft" / "latest"
+    return RunPaths(run_dir).draft_latest
 
 
 def sglang_config(cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]:
@@ -171,14 +173,10 @@ def _check_weights(path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfi
     for k, v in weights.items():
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise ExportError(f"{path}: {k} holds NaN or inf")
-    d2t, t2d = weights["d2t"], weights["t2d"]
-    target_ids = torch.arange(len(d2t)) + d2t  # what SGLang's hot_token_id will be
-    if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
-        raise ExportError(f"{path}: d2t maps draft ids outside the target vocabulary [0, {cfg.vocab_size})")
-    if len(set(target_ids.tolist())) != len(d2t):
-        raise ExportError(f"{path}: d2t maps two draft ids to the same target id")
-    if not bool(t2d.bool()[target_ids].all()) or int(t2d.sum()) != len(d2t):
-        raise ExportError(f"{path}: t2d does not mark exactly the target ids that d2t selects")
+    try:
+        check_vocab_map(weights["d2t"], weights["t2d"], str(path), cfg.vocab_size)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
 
 
 def _export_key(
@@ -193,13 +191,20 @@ def _export_key(
 def _previous(out_dir: Path, key: str) -> ExportResult | None:
     """The export in out_dir when it was made with this key and its files are all there."""
     try:
-        prev = ExportResult.model_validate(read_json(out_dir / "export.json"))
+        prev = read_export(out_dir)
     except (OSError, ValueError):
+        return None
+    if prev is None:
         return None
     files = {out_dir / WEIGHTS: prev.weights_bytes, out_dir / SPECULATORS_DIR / WEIGHTS: prev.speculators_weights_bytes}
     intact = all(p.is_file() and p.stat().st_size == n for p, n in files.items())
     configs = (out_dir / "config.json").is_file() and (out_dir / SPECULATORS_DIR / "config.json").is_file()
     return prev if prev.key == key and intact and configs else None
+
+
+def read_export(out_dir: Path) -> ExportResult | None:
+    """An export directory's export.json, None when it has none."""
+    return read_record(Path(out_dir) / EXPORT_FILE, ExportResult)
 
 
 def _swap_in(tmp: Path, out_dir: Path) -> None:
@@ -246,7 +251,7 @@ def export_draft(
         raise ExportError(str(e)) from None
     run_dir, model_dir, out_dir = Path(run_dir), Path(model_dir), Path(out_dir)
     counter = ProgressCounter("export", total=3, report=progress, every_s=0.0)  # load+check, SGLang dir, speculators
-    info = RunInfo.model_validate(read_json(run_dir / "run.json"))
+    info = RunStore(run_dir).require_run_info("export needs the store the draft was trained on")
     target_cfg = read_json(model_dir / "config.json")
     text = target_cfg.get("text_config", target_cfg)
     facts = (int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
@@ -281,7 +286,7 @@ def export_draft(
     tensors["d2t"], tensors["t2d"] = weights["d2t"].to(torch.int64), weights["t2d"].to(torch.bool)
     counter.add()
 
-    state = read_json(ckpt / "state.json") if (ckpt / "state.json").is_file() else {}
+    state = read_state(ckpt) if (ckpt / STATE).is_file() else {}
     model_sha = model_fingerprint(model_dir)
     notes = []
     if model_sha != info.model_sha256:
@@ -337,7 +342,7 @@ def export_draft(
             sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens),
             notes=notes,
         )
-        atomic_write_json(tmp / "export.json", result.model_dump(mode="json"))
+        atomic_write_json(tmp / EXPORT_FILE, result.model_dump(mode="json"))
         fsync_dir(tmp)
         _swap_in(tmp, out_dir)
     except BaseException:

@@ -23,7 +23,7 @@ import torch
 
 from eagle3.config import PipelineConfig
 from eagle3.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Outcome
-from eagle3.fsio import move_into, read_json, remove_stale_temps
+from eagle3.fsio import move_into, remove_stale_temps
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.sample_format import (
@@ -126,7 +126,7 @@ def check_same_run(old: RunInfo, new: RunInfo, store: RunStore) -> None:
         raise RunMismatchError(
             f"{store.run_json} was written for different data:\n  " + "\n  ".join(diffs) + "\n"
             "Samples from both would be mixed. Choose a new run_dir (it may contain {date} or {model_sha}), or "
-            f"delete {store.root / 'shards'} and {store.run_json} to start this store over."
+            f"delete {store.shards_dir} and {store.run_json} to start this store over."
         )
 
 
@@ -136,10 +136,9 @@ def shard_is_complete(store: RunStore, shard: int, info: RunInfo) -> bool:
     with the size the manifest recorded. Reads the manifest, the prepared ids and one directory listing, opens
     no sample file: skipping the old shards of a big store costs no reads of its data (eagle3 verify checks the
     contents; extract_shard checks each file's header before it adopts it). `info`: the run (kept for callers)."""
-    path = store.manifest_path(shard)
-    if not path.is_file():
+    m = store.read_manifest_fast(shard)
+    if m is None:
         return False
-    m = read_json(path)  # the raw ShardManifest: validating 2000 entries would cost more than the whole check
     if m.get("status") != "complete" or set(m["samples"]) != set(store.prepared_ids(shard)):
         return False
     sizes = store.sample_file_sizes(shard)
@@ -186,10 +185,23 @@ def extract_shard(
     for s in todo:
         if s.sample_id not in manifest.samples and s.sample_id not in manifest.errors:
             manifest.errors[s.sample_id] = f"engine {engine.info.name} returned no result for this sample"
+    in_prepared_order(manifest, samples)
     manifest.status = final_status(manifest)
     store.write_manifest(manifest)
     progress.finish()
     return manifest
+
+
+def in_prepared_order(manifest: ShardManifest, samples: list[PreparedSample]) -> None:
+    """Samples and errors in prepared order, not in the order the writer threads finished: the manifest, and
+    so the convert index, its fingerprint and the trainer's batches, are the same on every run."""
+    order = {s.sample_id: i for i, s in enumerate(samples)}
+
+    def rank(item: tuple[str, object]) -> int:
+        return order.get(item[0], len(order))
+
+    manifest.samples = dict(sorted(manifest.samples.items(), key=rank))
+    manifest.errors = dict(sorted(manifest.errors.items(), key=rank))
 
 
 def check_engine_matches(engine_info: EngineInfo, info: RunInfo) -> None:

@@ -23,7 +23,6 @@ from pathlib import Path
 from eagle3.lock import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_TTL_S,
-    LEASE_DIR,
     LOCK_NAME,
     HeldFile,
     LockState,
@@ -31,6 +30,7 @@ from eagle3.lock import (
     RunLockedError,
     judge,
 )
+from eagle3.run_paths import RunPaths
 
 
 class ShardLeaseLostError(RuntimeError):
@@ -38,7 +38,7 @@ class ShardLeaseLostError(RuntimeError):
 
 
 def lease_path(run_dir: str | Path, shard: int) -> Path:
-    return Path(run_dir) / LEASE_DIR / f"shard-{shard:05d}.lease"
+    return RunPaths(run_dir).lease_path(shard)
 
 
 class ShardLease(HeldFile):

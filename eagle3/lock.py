@@ -44,9 +44,9 @@ from pathlib import Path
 from types import TracebackType
 
 from eagle3.fsio import fsync_dir
+from eagle3.run_paths import RunPaths
 
 LOCK_NAME = ".lock"
-LEASE_DIR = "leases"  # <run_dir>/leases/shard-NNNNN.lease: shard leases (eagle3/lease.py)
 DEFAULT_TTL_S = 600.0
 DEFAULT_HEARTBEAT_S = 30.0
 _NO_LINK = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS}
@@ -429,7 +429,7 @@ class RunLock(HeldFile):
 def live_leases(run_dir: str | Path, host: str | None = None) -> list[tuple[Path, LockState]]:
     """(path, state) of every shard lease in `run_dir` that a live process holds, in shard order."""
     out = []
-    for path in sorted((Path(run_dir) / LEASE_DIR).glob("shard-*.lease")):
+    for path in RunPaths(run_dir).lease_paths():
         try:
             state = judge(path, DEFAULT_TTL_S, host)
         except FileNotFoundError:

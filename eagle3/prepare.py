@@ -239,7 +239,7 @@ class _ShardWriter:
         self.rows = []
 
     def remove_stale(self) -> None:
-        for p in self.store.prepared_dir.glob("shard-*.arrow"):
+        for p in self.store.prepared_shard_paths():
             idx = p.stem.removeprefix("shard-")
             if not idx.isdigit() or int(idx) >= self.first + len(self.shards):
                 p.unlink()
@@ -335,7 +335,7 @@ def write_prepared(
 ) -> PreparedManifest:
     """Tokenize rows into prepared shards from shard 0 and write the manifest (the one tokenization path).
     `files`: the source files read (recorded as the first intake, so later intakes take in only new ones)."""
-    manifest_path = store.prepared_dir / "manifest.json"
+    manifest_path = store.prepared_manifest_path
     manifest_path.unlink(missing_ok=True)  # no manifest while shards are rewritten: a crash is not "done"
     counter = _progress(stage, total, data.max_samples, report)
     writer = _ShardWriter(store, data.shard_size)

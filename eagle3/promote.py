@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from eagle3.draft.checkpoint import WEIGHTS, resolve_checkpoint
 from eagle3.fsio import atomic_write_json, fsync_dir, read_json
 from eagle3.model_files import sha256_file
-from eagle3.store import now
+from eagle3.run_paths import RunPaths
+from eagle3.store import now, read_record
 
-DRAFT_DIR = "draft"
 EVALUATION = "evaluation.json"
 PromotePolicy = Literal["if_not_worse", "always", "never"]
 
@@ -77,24 +77,29 @@ class Decision(BaseModel):
     at: str = Field(default_factory=now)
 
 
+def read_promotion(run_dir: Path) -> Decision | None:
+    """draft/promotion.json: the last promotion decision, None before the first."""
+    return read_record(RunPaths(run_dir).promotion_json, Decision)
+
+
 # paths ---------------------------------------------------------------------------------------------
 def drafts_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / DRAFT_DIR
+    return RunPaths(run_dir).draft_dir
 
 
 def latest_link(run_dir: Path) -> Path:
-    return drafts_dir(run_dir) / "latest"
+    return RunPaths(run_dir).draft_latest
 
 
 def current_link(run_dir: Path) -> Path:
-    return drafts_dir(run_dir) / "current"
+    return RunPaths(run_dir).draft_current
 
 
 def export_dir_for(run_dir: Path, checkpoints: Path) -> Path:
     """The export directory of the latest checkpoint under `checkpoints`: named by its step and weights' hash, so
     re-exporting the same checkpoint finds its directory and a new checkpoint never overwrites an older export."""
     ckpt = resolve_checkpoint(checkpoints)
-    return drafts_dir(run_dir) / "exports" / f"{ckpt.name}-{sha256_file(ckpt / WEIGHTS)[:12]}"
+    return RunPaths(run_dir).draft_exports_dir / f"{ckpt.name}-{sha256_file(ckpt / WEIGHTS)[:12]}"
 
 
 def point(link: Path, target: Path) -> None:
@@ -209,5 +214,5 @@ def promote(
         candidate_eval=record,
         previous_eval=old if previous != candidate else None,
     )
-    atomic_write_json(drafts_dir(run_dir) / "promotion.json", decision.model_dump(mode="json"))
+    atomic_write_json(RunPaths(run_dir).promotion_json, decision.model_dump(mode="json"))
     return decision

@@ -40,6 +40,7 @@ from eagle3.fsio import atomic_write_json, atomic_write_text, read_json, remove_
 from eagle3.generate_client import GenerationClient, GenerationFailed, Server
 from eagle3.model_files import model_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.run_paths import RunPaths
 from eagle3.synthesize import (
     HEARTBEAT_S,
     LockedCounter,
@@ -125,7 +126,7 @@ class Cell:
 
 
 def out_dir(cfg: PipelineConfig) -> Path:
-    return Path(cfg.prompts.out_dir) if cfg.prompts.out_dir else Path(cfg.run_dir) / "prompts"
+    return Path(cfg.prompts.out_dir) if cfg.prompts.out_dir else RunPaths(cfg.run_dir).prompts_dir
 
 
 def corpus_path(cfg: PipelineConfig) -> Path:

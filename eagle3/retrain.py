@@ -17,7 +17,8 @@ from typing import Literal
 
 from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint
-from eagle3.fsio import fsync_dir, read_json
+from eagle3.fsio import fsync_dir
+from eagle3.run_paths import RunPaths
 from eagle3.store import RunStore
 from eagle3.train.launch import finished_checkpoint
 from eagle3.train.trainer import read_job
@@ -41,17 +42,17 @@ def store_state(run_dir: Path) -> tuple[str, int]:
     info = store.read_run_info()
     if info is None:
         raise FileNotFoundError(f"{store.run_json} missing; run the extract stage first")
-    paths = [store.manifest_path(i) for i in range(store.num_shards())]
-    return info.dataset_fingerprint, sum(read_json(p)["tokens"] for p in paths if p.is_file())  # plain JSON: fast
+    manifests = (store.read_manifest_fast(i) for i in range(store.num_shards()))
+    return info.dataset_fingerprint, sum(m["tokens"] for m in manifests if m is not None)
 
 
 def plan_training(run_dir: Path, cfg: TrainConfig) -> TrainPlan:
     key, tokens = store_state(run_dir)
-    out = Path(run_dir) / "train"
-    job = read_job(out / "job.json") if (out / "job.json").is_file() else None
-    if latest_checkpoint(out / "checkpoints") is None:
+    out = RunPaths(run_dir).train
+    job = read_job(out.job_json) if out.job_json.is_file() else None
+    if latest_checkpoint(out.checkpoints_dir) is None:
         return TrainPlan("train", "no training in this store yet", key, tokens, tokens)
-    if finished_checkpoint(out, cfg) is None:
+    if finished_checkpoint(out.root, cfg) is None:
         return TrainPlan("resume", "the last training did not finish", key, tokens, 0)
     if job is None or job.data_key is None or job.data_key == key:
         return TrainPlan("done", "the store has not grown since the last finished training", key, tokens, 0)
@@ -68,13 +69,13 @@ def plan_training(run_dir: Path, cfg: TrainConfig) -> TrainPlan:
 def archive_training(run_dir: Path) -> Path:
     """Move train/ and eval/ (the finished training and its evaluation) to trains/<n>/; returns that directory.
     Its exports stay under draft/exports/ (each with its evaluation)."""
-    root = Path(run_dir)
-    trains = root / "trains"
+    paths = RunPaths(run_dir)
+    root, trains = paths.root, paths.trains_dir
     trains.mkdir(exist_ok=True)
     n = 1 + max((int(p.name) for p in trains.iterdir() if p.name.isdigit()), default=0)
     dest = trains / f"{n:04d}"
     dest.mkdir()
-    for name in ("eval", "train"):  # eval first: a kill between leaves no old evaluation beside a new training
+    for name in paths.archived_names:  # eval first: a kill between leaves no old evaluation beside a new training
         if (root / name).exists():
             os.replace(root / name, dest / name)
     fsync_dir(dest)

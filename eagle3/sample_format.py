@@ -263,6 +263,75 @@ def read_header(path: Path) -> tuple[dict, int, int]:
         raise SampleFormatError(f"{path}: header is not JSON ({e})") from None
 
 
+STATE_DTYPES = ("BF16", "F16", "F32", "F8_E4M3")  # what the hidden states may be stored as
+
+
+@dataclass(frozen=True)
+class SampleHeader:
+    """A sample file's header, checked to be a complete sample (eagle3-sample/1) of some shape and dtype."""
+
+    path: Path
+    num_tokens: int
+    dtype: torch.dtype  # of the hidden states
+    entries: dict[str, tuple[str, list[int]]]  # key -> (safetensors dtype name, shape)
+    offsets: dict[str, int]  # key -> absolute byte offset of its data in the file
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return state_keys(self.dtype)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.entries[key][1])
+
+
+def parse_header(path: Path) -> SampleHeader:
+    """The one check of a sample file's header (one small read; the data is not read): the format, the keys of
+    its dtype, the dtypes and shapes that fit one another, and a size that ends where the last tensor does.
+    Raises SampleFormatError naming the file. `check_header` adds what a store expects; `verify_sample` reads all."""
+    header, n, size = read_header(path)
+    meta = header.pop("__metadata__", {}) or {}
+    if meta.get("format") != FORMAT:
+        raise SampleFormatError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+    aux_entry = header.get("aux_hidden_states")
+    found = aux_entry.get("dtype") if isinstance(aux_entry, dict) else None
+    if found not in STATE_DTYPES:
+        raise SampleFormatError(
+            f"{path}: keys {sorted(header)}, hidden states {found!r}: expected the keys {sorted(KEYS)} "
+            f"(+ {list(SCALE_KEYS)} for FP8), states in {list(STATE_DTYPES)}"
+        )
+    dtype = ST_DTYPES[found]
+    keys = state_keys(dtype)
+    if set(header) != set(keys):
+        raise SampleFormatError(f"{path}: keys {sorted(header)}, expected {sorted(keys)}")
+    aux = header["aux_hidden_states"]["shape"]
+    t = header["input_ids"]["shape"][0] if header["input_ids"]["shape"] else -1
+    k, h = (aux[1], aux[2]) if len(aux) == 3 else (-1, -1)
+    expect = {
+        "input_ids": ("I64", [t]),
+        "loss_mask": ("U8", [t]),
+        "aux_hidden_states": (found, [t, k, h]),
+        "last_hidden_state": (found, [t, h]),
+    }
+    if dtype == FP8:
+        expect.update(aux_scales=("F32", [t, k]), last_scale=("F32", [t]))
+    for key, (dt, shape) in expect.items():
+        e = header[key]
+        if e["dtype"] != dt or e["shape"] != shape:
+            raise SampleFormatError(f"{path}: {key} is {e['dtype']}{e['shape']}, expected {dt}{shape}")
+    end = max(header[key]["data_offsets"][1] for key in keys)
+    if size != 8 + n + end:
+        raise SampleFormatError(
+            f"{path}: not a complete sample file ({size} bytes, expected {8 + n + end}: truncated or padded)"
+        )
+    return SampleHeader(
+        path=Path(path),
+        num_tokens=int(t),
+        dtype=dtype,
+        entries={key: (header[key]["dtype"], list(header[key]["shape"])) for key in keys},
+        offsets={key: 8 + n + header[key]["data_offsets"][0] for key in keys},
+    )
+
+
 def check_header(
     path: Path,
     *,
@@ -275,39 +344,23 @@ def check_header(
 
     Returns the token count. Used on resume for every existing file; `verify_sample` does the full check.
     """
-    header, n, size = read_header(path)
-    meta = header.pop("__metadata__", {}) or {}
-    if meta.get("format") != FORMAT:
-        raise SampleFormatError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
-    keys = state_keys(dtype)
-    if set(header) != set(keys):
-        found = header.get("aux_hidden_states", {}).get("dtype")
-        if found is not None and found != _DTYPE_NAMES[dtype]:  # the usual cause: a file of another store dtype
-            raise SampleFormatError(
-                f"{path}: hidden states are {found}, the store holds {_DTYPE_NAMES[dtype]} (extract.store_dtype); "
-                "one store holds one dtype: re-extract this sample or use a new run_dir"
-            )
-        raise SampleFormatError(f"{path}: keys {sorted(header)}, expected {sorted(keys)}")
-    t = header["input_ids"]["shape"][0] if header["input_ids"]["shape"] else -1
+    h = parse_header(path)
+    if (h.dtype == FP8) != (dtype == FP8):  # the usual cause: a file of another store dtype
+        raise SampleFormatError(
+            f"{path}: hidden states are {_DTYPE_NAMES[h.dtype]}, the store holds {_DTYPE_NAMES[dtype]} "
+            "(extract.store_dtype); one store holds one dtype: re-extract this sample or use a new run_dir"
+        )
+    t = h.num_tokens
     expect = {
-        "input_ids": ("I64", [t]),
-        "loss_mask": ("U8", [t]),
         "aux_hidden_states": (_DTYPE_NAMES[dtype], [t, num_aux, hidden_size]),
         "last_hidden_state": (_DTYPE_NAMES[dtype], [t, hidden_size]),
     }
-    if dtype == FP8:
-        expect.update(aux_scales=("F32", [t, num_aux]), last_scale=("F32", [t]))
-    end = 0
     for key, (dt, shape) in expect.items():
-        h = header[key]
-        if h["dtype"] != dt or h["shape"] != shape:
-            raise SampleFormatError(f"{path}: {key} is {h['dtype']}{h['shape']}, expected {dt}{shape}")
-        end = max(end, h["data_offsets"][1])
-    if size != 8 + n + end:
-        raise SampleFormatError(f"{path}: {size} bytes, expected {8 + n + end} (truncated or padded)")
+        if h.entries[key] != (dt, shape):
+            raise SampleFormatError(f"{path}: {key} is {h.entries[key][0]}{h.entries[key][1]}, expected {dt}{shape}")
     if num_tokens is not None and t != num_tokens:
         raise SampleFormatError(f"{path}: {t} tokens, the prepared sample has {num_tokens}")
-    return int(t)
+    return t
 
 
 def read_sample(path: Path) -> SampleTensors:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from eagle3.config import PipelineConfig, ServerConfig, ServerSlot, dump_root
 from eagle3.engines import Engine, build_engine
 from eagle3.fsio import safe_name
+from eagle3.run_paths import RunPaths
 from eagle3.sglang_server import LineFn
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def server_specs(cfg: PipelineConfig, *, host: str, separate_dumps: bool = False
             dump_dir = Path(slot.dump_dir) if slot.dump_dir else base_dump
         elif separate:
             dump_dir = Path(slot.dump_dir) if slot.dump_dir else base_dump / name
-            log_dir = Path(cfg.run_dir) / "server" / name
+            log_dir = RunPaths(cfg.run_dir).server_log_dir / name
         label = label_of(cfg.server, slot, host, port)
         if len(slots) > 1:
             label = f"#{i} {label}"

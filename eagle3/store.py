@@ -16,13 +16,14 @@ import datetime as dt
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json, safe_name
+from eagle3.fsio import atomic_write_bytes, atomic_write_json, read_json
+from eagle3.run_paths import SAMPLE_SUFFIX, RunPaths
 from eagle3.sample_format import (
     FP8,
     FP8_NAME,
@@ -162,42 +163,14 @@ PREPARED_SCHEMA = pa.schema(
 )
 
 
-class RunStore:
-    """Paths and typed access to one run directory."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    # paths -------------------------------------------------------------------------------
-    @property
-    def run_json(self) -> Path:
-        return self.root / "run.json"
-
-    @property
-    def prepared_dir(self) -> Path:
-        return self.root / "prepared"
-
-    def prepared_shard_path(self, shard: int) -> Path:
-        return self.prepared_dir / f"shard-{shard:05d}.arrow"
-
-    def shard_dir(self, shard: int) -> Path:
-        return self.root / "shards" / f"shard-{shard:05d}"
-
-    def manifest_path(self, shard: int) -> Path:
-        return self.shard_dir(shard) / "manifest.json"
-
-    def sample_path(self, shard: int, sample_id: str) -> Path:
-        return self.shard_dir(shard) / self.sample_name(sample_id)
-
-    @staticmethod
-    def sample_name(sample_id: str) -> str:
-        return f"{safe_name(sample_id)}.safetensors"
+class RunStore(RunPaths):
+    """Paths (RunPaths) and typed access to one run directory: the only reader of its files."""
 
     def sample_file_sizes(self, shard: int) -> dict[str, int]:
         """File name -> size of the sample files in shard's directory (one listing; no file is opened)."""
         try:
             with os.scandir(self.shard_dir(shard)) as it:
-                return {e.name: e.stat().st_size for e in it if e.name.endswith(".safetensors") and e.is_file()}
+                return {e.name: e.stat().st_size for e in it if e.name.endswith(SAMPLE_SUFFIX) and e.is_file()}
         except FileNotFoundError:
             return {}
 
@@ -205,16 +178,23 @@ class RunStore:
     def read_run_info(self) -> RunInfo | None:
         return RunInfo.model_validate(read_json(self.run_json)) if self.run_json.exists() else None
 
+    def require_run_info(self, fix: str = "run the extract stage (or an import) first") -> RunInfo:
+        """run.json, or FileNotFoundError naming it and `fix`."""
+        info = self.read_run_info()
+        if info is None:
+            raise FileNotFoundError(f"{self.run_json} missing: {fix}")
+        return info
+
     def write_run_info(self, info: RunInfo) -> None:
         atomic_write_json(self.run_json, info.model_dump(mode="json"))
 
     # prepared data -----------------------------------------------------------------------
     def read_prepared_manifest(self) -> PreparedManifest | None:
-        p = self.prepared_dir / "manifest.json"
+        p = self.prepared_manifest_path
         return PreparedManifest.model_validate(read_json(p)) if p.exists() else None
 
     def write_prepared_manifest(self, m: PreparedManifest) -> None:
-        atomic_write_json(self.prepared_dir / "manifest.json", m.model_dump(mode="json"))
+        atomic_write_json(self.prepared_manifest_path, m.model_dump(mode="json"))
 
     def write_prepared_shard(self, shard: int, table: pa.Table) -> None:
         sink = pa.BufferOutputStream()
@@ -248,6 +228,12 @@ class RunStore:
     def read_manifest(self, shard: int) -> ShardManifest | None:
         p = self.manifest_path(shard)
         return ShardManifest.model_validate(read_json(p)) if p.exists() else None
+
+    def read_manifest_fast(self, shard: int) -> dict[str, Any] | None:
+        """A shard's manifest.json as plain JSON, not validated: validating thousands of entries costs more than
+        the checks that only need its status, sample ids, sizes and token total."""
+        p = self.manifest_path(shard)
+        return read_json(p) if p.is_file() else None  # type: ignore[no-any-return]
 
     def write_manifest(self, m: ShardManifest) -> None:
         m.updated_at = now()
@@ -296,6 +282,25 @@ class RunStore:
         for m in self.manifests():
             for sid in m.samples:
                 yield m.shard, sid, self.sample_path(m.shard, sid)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_record(path: Path, model: type[M]) -> M | None:
+    """The pydantic record in the JSON file `path`, None when there is no file; one that does not validate raises
+    ValueError naming the file, its first bad fields and the fix. Each run-directory JSON file has one reader that
+    calls this, beside its model (RunStore's below; convert.json, export.json, eval/*.json, promotion.json)."""
+    if not path.is_file():
+        return None
+    try:
+        return model.model_validate(read_json(path))
+    except ValidationError as e:
+        bad = "; ".join(f"{'.'.join(map(str, err['loc'])) or '<top>'}: {err['msg']}" for err in e.errors()[:4])
+        why = f"{e.error_count()} bad fields, {bad}"
+    except ValueError as e:  # not JSON
+        why = str(e)
+    raise ValueError(f"{path}: not a valid {model.__name__} ({why}); delete it and re-run the stage that writes it")
 
 
 class PreparedSample:

@@ -162,19 +162,19 @@ class Turn:
 
 
 def synthesized_dir(store: RunStore) -> Path:
-    return store.root / "synthesized"
+    return store.synthesized_dir
 
 
 def synthesized_shard_path(store: RunStore, shard: int) -> Path:
-    return synthesized_dir(store) / f"shard-{shard:05d}.jsonl"
+    return store.synthesized_shard_path(shard)
 
 
 def sample_checkpoint_path(store: RunStore, sample_id: str) -> Path:
-    return synthesized_dir(store) / "samples" / f"{sample_id}.json"
+    return store.synthesized_sample_path(sample_id)
 
 
 def summary_path(store: RunStore) -> Path:
-    return synthesized_dir(store) / "summary.json"
+    return store.synthesized_summary_path
 
 
 def read_summary(store: RunStore) -> SynthesizeSummary | None:
@@ -184,12 +184,11 @@ def read_summary(store: RunStore) -> SynthesizeSummary | None:
 
 def _claim_dir(store: RunStore, key: SynthesizedKey) -> None:
     """Keep files made under the same key; otherwise clear them and record the new key."""
-    path = synthesized_dir(store) / "manifest.json"
-    samples = synthesized_dir(store) / "samples"
+    path, samples = store.synthesized_manifest_path, store.synthesized_samples_dir
     if path.is_file() and read_json(path) == key.model_dump(mode="json"):
         remove_stale_temps(samples)
         return
-    for old in [*synthesized_dir(store).glob("shard-*.jsonl"), *samples.glob("*.json")]:
+    for old in [*store.synthesized_shard_paths(), *samples.glob("*.json")]:
         old.unlink()
     remove_stale_temps(samples)
     summary_path(store).unlink(missing_ok=True)
@@ -509,7 +508,7 @@ def synthesize(
     source = current if is_current(current, store, source_fp, tok_sha, cfg.data) else None
     source = source or prepare(cfg, store, model_dir)  # prepared/ may hold an older synthesis (quiet: one figure)
     _claim_dir(store, key)
-    (synthesized_dir(store) / "samples").mkdir(parents=True, exist_ok=True)
+    store.synthesized_samples_dir.mkdir(parents=True, exist_ok=True)
     todo, done_before = _jobs(store, source, cfg.synthesize)
     n = cfg.synthesize.samples_per_prompt
     counter = LockedCounter(ProgressCounter("synthesize", source.num_samples * n, report, every_s=HEARTBEAT_S))

@@ -23,13 +23,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eagle3.fsio import fsync_dir, remove_stale_temps, safe_name
+from eagle3.fsio import fsync_dir, remove_stale_temps
 from eagle3.lock import RunLock
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.run_paths import QUARANTINE_DIR, SAMPLE_SUFFIX, RunPaths
 from eagle3.sample_format import SampleFormatError, check_header, record_of, verify_sample
 from eagle3.store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
 
-QUARANTINE = "quarantine"
+QUARANTINE = QUARANTINE_DIR  # <run_dir>/quarantine
 
 
 class VerifyError(ValueError):
@@ -107,7 +108,7 @@ class VerifyReport:
             ids = ", ".join(f"{sid} (shard {shard})" for shard, sid, _ in bad[:show])
             text += f"; bad: {ids}" + (f" and {len(bad) - show} more" if len(bad) > show else "")
         if self.bad_count or orphans:
-            text += f"; bad and orphan files are in {Path(self.run_dir) / QUARANTINE}"
+            text += f"; bad and orphan files are in {RunPaths(self.run_dir).quarantine_dir}"
         todo = self.bad_count + self.missing_count
         if todo:
             text += (
@@ -263,13 +264,13 @@ def orphan_files(store: RunStore, shard: int, samples: list[PreparedSample]) -> 
     d = store.shard_dir(shard)
     if not d.is_dir():
         return []
-    names = {f"{safe_name(s.sample_id)}.safetensors" for s in samples}
-    return sorted(p for p in d.glob("*.safetensors") if p.name not in names)
+    names = {store.sample_name(s.sample_id) for s in samples}
+    return sorted(p for p in d.glob(f"*{SAMPLE_SUFFIX}") if p.name not in names)
 
 
 def quarantine(store: RunStore, shard: int, path: Path) -> Path:
     """Move a file out of the shard into <run_dir>/quarantine/shard-NNNNN/ (a rename: same filesystem)."""
-    dest_dir = store.root / QUARANTINE / store.shard_dir(shard).name
+    dest_dir = store.quarantine_shard_dir(shard)
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest, n = dest_dir / path.name, 0
     while dest.exists():

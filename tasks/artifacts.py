@@ -9,7 +9,6 @@ failed write is logged once and never fails the task that reports.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import re
 import threading
@@ -29,8 +28,14 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
+from eagle3.convert.stage import read_convert_result
+from eagle3.draft.checkpoint import read_latest
+from eagle3.evaluate.live import read_live_result
+from eagle3.evaluate.offline import read_offline_result
+from eagle3.export import read_export
 from eagle3.failed_shards import shard_summaries
 from eagle3.progress import Progress
+from eagle3.promote import read_promotion
 from eagle3.store import RunStore
 
 _KEY_JUNK = re.compile(r"[^a-z0-9]+")
@@ -298,54 +303,46 @@ def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str
                 + (f"; not complete: {not_complete}" if not_complete else ""),
             )
         )
-    convert_json = root / "convert.json"
-    if convert_json.exists():
-        c = json.loads(convert_json.read_text())
+    c = read_convert_result(store)
+    if c is not None:
         rows.append(
             (
                 "convert",
-                f"draft vocabulary `{c.get('vocab_map_path')}` ({c.get('draft_vocab_size')} ids, coverage "
-                f"{float(c.get('coverage', 0.0)):.3f}), index `{c.get('index_path')}`",
+                f"draft vocabulary `{c.vocab_map_path}` ({c.draft_vocab_size} ids, coverage {c.coverage:.3f}), "
+                f"index `{c.index_path}`",
             )
         )
-    return rows + draft_rows(root)
+    return rows + draft_rows(RunStore(root))
 
 
-def draft_rows(root: Path) -> list[tuple[str, str]]:
+def draft_rows(store: RunStore) -> list[tuple[str, str]]:
     """Training, export, promotion and evaluation rows, from train/, draft/ and eval/*.json."""
     rows = []
-    latest = root / "train" / "checkpoints" / "latest.json"
-    if latest.exists():
-        ckpt = json.loads(latest.read_text())
-        rows.append(("training", f"checkpoint `{root / 'train' / 'checkpoints' / ckpt['dir']}` (step {ckpt['step']})"))
-    export = root / "draft" / "latest" / "export.json"
-    if export.exists():
-        e = json.loads(export.read_text())
-        rows.append(("draft", f"`{e['out_dir']}` from step {e.get('checkpoint_step')}"))
-    promotion = root / "draft" / "promotion.json"  # eagle3/promote.py
-    if promotion.exists():
-        d = json.loads(promotion.read_text())
-        rows.append(("promotion", f"**{'promoted' if d['promoted'] else 'kept'}**: {d['reason']}; serve "
-                                  f"`{root / 'draft' / 'current'}` (-> `{d['current']}`)"))  # fmt: skip
-    offline = root / "eval" / "offline.json"
-    if offline.exists():
-        o = json.loads(offline.read_text())  # eagle3/evaluate/offline.py: /2 lists every (set, k) in `runs`
+    latest = read_latest(store.train.checkpoints_dir)
+    if latest is not None:
+        rows.append(("training", f"checkpoint `{latest[1]}` (step {latest[0]})"))
+    e = read_export(store.draft_latest)
+    if e is not None:
+        rows.append(("draft", f"`{e.out_dir}` from step {e.checkpoint_step}"))
+    d = read_promotion(store.root)
+    if d is not None:
+        rows.append(("promotion", f"**{'promoted' if d.promoted else 'kept'}**: {d.reason}; serve "
+                                  f"`{store.draft_current}` (-> `{d.current}`)"))  # fmt: skip
+    o = read_offline_result(store.root)
+    if o is not None:
         per_set = "; ".join(
-            f"{r['set_name']} ({r['set_kind']}, {r['num_prompts']} prompts) k={r['steps']}: "
-            f"{r['acceptance_length']:.3f}"
-            for r in o.get("runs") or [o | {"set_name": "held-out", "set_kind": "held-out"}]
+            f"{r.set_name} ({r.set_kind}, {r.num_prompts} prompts) k={r.steps}: {r.acceptance_length:.3f}"
+            for r in o.runs or [o]
         )
         rows.append(
             (
                 "acceptance (offline)",
-                f"tokens per verify round: {per_set}; {o['label']} speed-up {o['speedup']:.2f}x",
+                f"tokens per verify round: {per_set}; {o.label} speed-up {o.speedup:.2f}x",
             )
         )
-    live = root / "eval" / "live.json"
-    if live.exists():
-        lv = json.loads(live.read_text())
-        text = lv["summary"]
-        rows.append(("speed (live SGLang)", f"**{text}**" if lv.get("flag") else text))
+    lv = read_live_result(store.root)
+    if lv is not None:
+        rows.append(("speed (live SGLang)", f"**{lv.summary}**" if lv.flag else lv.summary))
     return rows
 
 

@@ -14,20 +14,19 @@ from pydantic import BaseModel
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import resolve_checkpoint
-from eagle3.evaluate.live import LiveEvalResult, evaluate_live
+from eagle3.evaluate.live import LiveEvalResult, evaluate_live, read_live_result
 from eagle3.evaluate.offline import (
-    OFFLINE_FORMAT,
-    RESULT_FILE,
     EvalPrompts,
     OfflineEvalResult,
     PositionStats,
     evaluate_offline,
     load_eval_sets,
     offline_dtype,
+    read_offline_result,
 )
 from eagle3.export import default_export_dir
-from eagle3.fsio import read_json
-from eagle3.store import RunInfo
+from eagle3.run_paths import RunPaths
+from eagle3.store import RunStore
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 from tasks.server import reap_orphan_servers, server_env
 
@@ -107,30 +106,28 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
 def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> OfflineEvalResult | None:
     """eval/offline.json when it measured this checkpoint with these settings, sets (names, sizes) and chain lengths
     included, target dtype too (a re-run does no work)."""
-    run_dir, ev = Path(config.run_dir), config.evaluate
-    path = run_dir / RESULT_FILE
-    if not path.is_file():
+    store, ev = RunStore(config.run_dir), config.evaluate
+    old = read_offline_result(store.root)  # None for an older format too: measured again
+    if old is None:
         return None
-    raw = read_json(path)
-    if raw.get("format") != OFFLINE_FORMAT:  # an older format: measured again
-        return None
-    old = OfflineEvalResult.model_validate(raw)
-    info = RunInfo.model_validate(read_json(run_dir / "run.json"))
+    info = store.require_run_info("evaluate needs the store the draft was trained from")
     dtype = offline_dtype(ev, info.dtype)
     ks = ev.chain_lengths()
     want = [(s.name, len(s.ids), k) for s in sets for k in ks]
     have = [(r.set_name, r.num_prompts, r.steps) for r in old.runs]
-    now = (str(resolve_checkpoint(run_dir / "train")), ev.max_new_tokens, dtype, want)
+    now = (str(resolve_checkpoint(store.train.root)), ev.max_new_tokens, dtype, want)
     return old if (old.checkpoint, old.max_new_tokens, old.dtype, have) == now else None
 
 
 def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | None:
     """eval/live.json when it measured the current export with these settings."""
-    run_dir, ev = Path(config.run_dir), config.evaluate
-    path, export = run_dir / "eval" / "live.json", default_export_dir(run_dir) / "export.json"
+    store, ev = RunStore(config.run_dir), config.evaluate
+    path, export = store.live_eval_json, store.latest_export_json
     if not path.is_file() or not export.is_file() or path.stat().st_mtime < export.stat().st_mtime:
         return None
-    old = LiveEvalResult.model_validate(read_json(path))
+    old = read_live_result(store.root)
+    if old is None:
+        return None
     same = (old.status, old.num_prompts, old.max_new_tokens) == ("ok", num_prompts, ev.max_new_tokens)
     return old if same else None
 
@@ -140,16 +137,16 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     """Held-out prompts -> offline acceptance (eval/offline.json) and live speed (eval/live.json)."""
     logger = get_run_logger()
     run_dir, model = Path(config.run_dir), Path(model_dir)
-    ev = config.evaluate
+    paths, ev = RunPaths(run_dir), config.evaluate
     sets = load_eval_sets(ev, ChatTokenizer.from_model_dir(model, config.data))
     prompts = sets[0].ids  # the live evaluation's prompts: the first set's
     report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
     offline = previous_offline(config, sets)
     if offline is None:
         with report:
-            offline = evaluate_offline(ev, run_dir, model, run_dir / "train", sets=sets, progress=report)
+            offline = evaluate_offline(ev, run_dir, model, paths.train.root, sets=sets, progress=report)
     else:
-        logger.info("evaluate: %s already measures this checkpoint; not evaluated again", run_dir / RESULT_FILE)
+        logger.info("evaluate: %s already measures this checkpoint; not evaluated again", paths.offline_eval_json)
     for r in offline.runs:
         logger.info("evaluate: set %s (%s, %d prompts): offline acceptance length %.3f (k=%d)",
                     r.set_name, r.set_kind, r.num_prompts, r.acceptance_length, r.steps)  # fmt: skip

@@ -14,6 +14,7 @@ from eagle3.config import PipelineConfig
 from eagle3.export import ExportResult, export_draft, sglang_args
 from eagle3.progress import Progress
 from eagle3.promote import current_link, export_dir_for, latest_link, point
+from eagle3.run_paths import RunPaths
 from tasks.artifacts import TaskProgress, markdown_artifact, run_key
 
 EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for an 8B target's draft)
@@ -30,7 +31,7 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     """`<run_dir>/draft/exports/<checkpoint>-<sha>/` from the latest checkpoint of `<run_dir>/train/`, and
     `draft/latest` pointed at it; the same checkpoint again: no work."""
     logger = get_run_logger()
-    run_dir, train_dir = Path(config.run_dir), Path(config.run_dir) / "train"
+    run_dir, train_dir = Path(config.run_dir), RunPaths(config.run_dir).train.root
     out = export_dir_for(run_dir, train_dir)
     start = time.monotonic()
     with TaskProgress(logger, "export", key=run_key(config.run_dir, "export-progress"), unit="drafts") as report:

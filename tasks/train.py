@@ -22,10 +22,11 @@ from prefect.concurrency.sync import concurrency
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
-from eagle3.fsio import read_json
+from eagle3.draft.checkpoint import read_state
 from eagle3.progress import Progress
 from eagle3.promote import current_link, pointed
 from eagle3.retrain import TrainPlan, archive_training, plan_training
+from eagle3.run_paths import RunPaths, TrainPaths
 from eagle3.train.launch import (
     MetricsTail,
     TrainProcess,
@@ -58,15 +59,15 @@ class TrainSummary(BaseModel):
 
 
 def train_dir(config: PipelineConfig) -> Path:
-    return Path(config.run_dir) / "train"
+    return RunPaths(config.run_dir).train.root
 
 
 def check_inputs(config: PipelineConfig) -> None:
-    run = Path(config.run_dir)
-    for name in ("run.json", "vocab_map.safetensors", "index.arrow"):
-        if not (run / name).is_file():
+    run = RunPaths(config.run_dir)
+    for path in (run.run_json, run.vocab_map_path, run.index_path):
+        if not path.is_file():
             raise FileNotFoundError(
-                f"{run / name} is missing: train reads the store and what convert builds; run the stages "
+                f"{path} is missing: train reads the store and what convert builds; run the stages "
                 "extract and convert first (stages: [..., extract, convert, train])"
             )
 
@@ -76,12 +77,13 @@ class TrainReporter:
 
     def __init__(self, config: PipelineConfig, out: Path, logger: Any):
         self.config, self.out, self.logger = config, out, logger
+        self.paths = TrainPaths(out)
         # the worker's own lines carry the steps into the log; from metrics.jsonl only the artifact, the heartbeat
         # of a silent worker and the final line
         self.progress = TaskProgress(
             logger, "train", key=run_key(config.run_dir, "train-progress"), unit="steps", log_every_s=math.inf
         )
-        self.tail = MetricsTail(out / "metrics.jsonl")
+        self.tail = MetricsTail(self.paths.metrics)
         self.t0 = time.monotonic()
         self.tokens = 0
         self.last: dict[str, Any] = {}
@@ -102,7 +104,7 @@ class TrainReporter:
     def publish(self) -> None:
         """The TTT table of the latest record and the curves so far (new versions of the same keys)."""
         self.last_table = time.monotonic()
-        records = read_metrics(self.out / "metrics.jsonl")
+        records = read_metrics(self.paths.metrics)
         if not records:
             return
         last = records[-1]
@@ -113,11 +115,11 @@ class TrainReporter:
                 f"Step {last['step']}/{last['total_steps']}: loss {last['loss']:.4f}, "
                 f"{last['tokens_per_s']:.0f} tok/s, data wait {100 * last['data_wait_frac']:.1f}% of step time",
             )
-            png = write_curves(records, self.out / "curves.png")
+            png = write_curves(records, self.paths.curves)
             markdown_artifact(
                 run_key(self.config.run_dir, "train-curves"),
                 f"![training curves](data:image/png;base64,{base64.b64encode(png).decode()})\n\n"
-                f"`{(self.out / 'curves.png').resolve()}`; TensorBoard: `tensorboard --logdir {self.out / 'tb'}`",
+                f"`{self.paths.curves.resolve()}`; TensorBoard: `tensorboard --logdir {self.paths.tensorboard_dir}`",
                 f"Training curves to step {last['step']}",
             )
         except Exception as e:  # a view of the training; never fail it
@@ -164,14 +166,15 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
         )
     reporter = TrainReporter(config, out, logger)
     job = new_job(config, model_dir, plan, out)
-    write_job(out / "job.json", job)
+    paths = TrainPaths(out)
+    write_job(paths.job_json, job)
     nproc = config.train.nproc
-    cmd = torchrun_command(out / "job.json", nproc)
-    logger.info("train: %s (log: %s)", " ".join(cmd), out / "train.log")
+    cmd = torchrun_command(paths.job_json, nproc)
+    logger.info("train: %s (log: %s)", " ".join(cmd), paths.log)
     with (
         reporter.progress,
         hold_gpus(nproc),
-        TrainProcess(cmd, log_path=out / "train.log", env=train_env(nproc, os.environ)) as proc,
+        TrainProcess(cmd, log_path=paths.log, env=train_env(nproc, os.environ)) as proc,
     ):
         for line in proc.lines():  # what the worker prints, as it is; its progress comes from metrics.jsonl
             if line.strip():
@@ -182,17 +185,17 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     reporter.publish()
     if code != 0:
         tail = "\n".join(proc.tail[-15:])
-        raise TrainFailedError(f"torchrun exited with {code}; whole log: {out / 'train.log'}; last lines:\n{tail}")
+        raise TrainFailedError(f"torchrun exited with {code}; whole log: {paths.log}; last lines:\n{tail}")
     ckpt = finished_checkpoint(out, config.train)
     if ckpt is None:
-        raise TrainFailedError(f"torchrun exited 0 but {out / 'checkpoints'} holds no final checkpoint")
+        raise TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")
     return summary(out, ckpt, launched=True, last=reporter.last, reason=plan.reason)
 
 
 def new_job(config: PipelineConfig, model_dir: str, plan: TrainPlan, out: Path) -> TrainJob:
     """The job file of this training: a resumed one keeps the store state and warm start it began with."""
-    if plan.action == "resume" and (out / "job.json").is_file():
-        old = read_job(out / "job.json")
+    if plan.action == "resume" and TrainPaths(out).job_json.is_file():
+        old = read_job(TrainPaths(out).job_json)
         init_from, key, tokens = old.init_from, old.data_key, old.data_tokens
     else:
         key, tokens = plan.data_key, plan.data_tokens
@@ -210,7 +213,7 @@ def new_job(config: PipelineConfig, model_dir: str, plan: TrainPlan, out: Path) 
 def summary(
     out: Path, ckpt: Path, *, launched: bool, last: dict[str, Any], waiting: bool = False, reason: str = ""
 ) -> TrainSummary:
-    state = read_json(ckpt / "state.json")
+    state = read_state(ckpt)
     return TrainSummary(
         out_dir=str(out),
         checkpoint=str(ckpt),

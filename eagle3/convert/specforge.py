@@ -46,7 +46,6 @@ from eagle3.convert.common import (
     specforge_to_hf,
 )
 from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards, store_dtype_notes
-from eagle3.convert.stage import VOCAB_FILE
 from eagle3.convert.store_writer import (
     PeerJob,
     PeerSample,
@@ -115,7 +114,7 @@ def export_specforge(
              f"eagle_config.eagle_aux_hidden_state_layer_ids = {layer_ids} (output-of-layer ids, "
              f"HF hidden_states {info.aux_layers}); check the family rules in docs/formats.md"]  # fmt: skip
     notes += store_dtype_notes(info, PEER)
-    vocab = store.root / VOCAB_FILE
+    vocab = store.vocab_map_path
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)
         atomic_write_with(out / "vocab_mapping" / "vocab_mapping.pt", lambda f: torch.save({"d2t": d2t, "t2d": t2d}, f))

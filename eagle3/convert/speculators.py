@@ -49,7 +49,6 @@ from eagle3.convert.common import (
     vllm_to_hf,
 )
 from eagle3.convert.exporting import begin_export, finish_export, sidecar_shards, store_dtype_notes
-from eagle3.convert.stage import VOCAB_FILE
 from eagle3.convert.store_writer import (
     PeerJob,
     PeerSample,
@@ -201,7 +200,7 @@ def export_speculators(
         "(docs/formats.md)",
     ]
     notes += store_dtype_notes(info, PEER)
-    vocab = store.root / VOCAB_FILE
+    vocab = store.vocab_map_path
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)
         for name, arr in (("d2t.npy", d2t.numpy()), ("t2d.npy", t2d.numpy())):

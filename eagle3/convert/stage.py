@@ -26,15 +26,13 @@ from eagle3.config import PipelineConfig
 from eagle3.convert.common import ConvertError, Record, require_run_info
 from eagle3.convert.index import INDEX_FORMAT, IndexRow, write_index
 from eagle3.convert.vocab import VOCAB_FORMAT, select_vocab, write_vocab_map
-from eagle3.fsio import atomic_write_json, read_json
+from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.run_paths import RunPaths
 from eagle3.sample_format import SampleFormatError, check_header, read_header
-from eagle3.store import RunInfo, RunStore
+from eagle3.store import RunInfo, RunStore, read_record
 
 CONVERT_FORMAT = "eagle3-convert/1"
-VOCAB_FILE = "vocab_map.safetensors"
-INDEX_FILE = "index.arrow"
-CONVERT_FILE = "convert.json"
 
 
 class ConvertResult(Record):
@@ -123,16 +121,18 @@ class _Counter:
             self.counter.add(1, tokens=tokens)
 
 
+def read_convert_result(store: RunPaths) -> ConvertResult | None:
+    """The store's convert.json, None when convert has not run."""
+    return read_record(store.convert_json, ConvertResult)
+
+
 def _previous(store: RunStore, fingerprint: str) -> ConvertResult | None:
-    path = store.root / CONVERT_FILE
-    if not path.is_file():
-        return None
     try:
-        old = ConvertResult.model_validate(read_json(path))
+        old = read_convert_result(store)
     except Exception:
         return None
-    vocab_path, index_path = store.root / VOCAB_FILE, store.root / INDEX_FILE
-    if old.fingerprint != fingerprint or not vocab_path.is_file() or not index_path.is_file():
+    vocab_path, index_path = store.vocab_map_path, store.index_path
+    if old is None or old.fingerprint != fingerprint or not vocab_path.is_file() or not index_path.is_file():
         return None
     return old.model_copy(update={"run_dir": str(store.root), "vocab_map_path": str(vocab_path),
                                   "index_path": str(index_path)})  # fmt: skip
@@ -167,7 +167,7 @@ def convert(
         raise ConvertError(
             f"{store.root}: no loss-masked tokens in {num_samples} samples; check the prepare stage's masks"
         )
-    vocab_path, index_path = store.root / VOCAB_FILE, store.root / INDEX_FILE
+    vocab_path, index_path = store.vocab_map_path, store.index_path
     write_vocab_map(vocab_path, vm)
     write_index(index_path, rows, fingerprint)
     result = ConvertResult(
@@ -185,5 +185,5 @@ def convert(
         coverage=vm.coverage,
         elapsed_s=time.monotonic() - start,
     )
-    atomic_write_json(store.root / CONVERT_FILE, result.model_dump(mode="json"))
+    atomic_write_json(store.convert_json, result.model_dump(mode="json"))
     return result

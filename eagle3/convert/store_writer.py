@@ -187,7 +187,7 @@ def finish_store(
         )
     )
     store.write_run_info(info)
-    atomic_write_json(store.root / "import.json", import_record)
+    atomic_write_json(store.import_json, import_record)
 
 
 def import_into(

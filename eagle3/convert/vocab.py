@@ -92,7 +92,19 @@ def read_vocab_map(path: Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, st
         d2t, t2d = f.get_tensor("d2t"), f.get_tensor("t2d")
     if meta.get("format") != VOCAB_FORMAT or d2t.dtype != torch.int64 or t2d.dtype != torch.bool:
         raise ValueError(f"{path}: not a {VOCAB_FORMAT} file (format {meta.get('format')!r}, {d2t.dtype}, {t2d.dtype})")
-    ids = torch.arange(d2t.numel()) + d2t
-    if int(t2d.sum()) != d2t.numel() or not bool(t2d[ids].all()):
-        raise ValueError(f"{path}: d2t and t2d disagree")
+    check_vocab_map(d2t, t2d, str(path))
     return d2t, t2d, meta
+
+
+def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, where: str, target_vocab_size: int | None = None) -> None:
+    """The one check of a vocab map, wherever it is read (vocab_map.safetensors, a checkpoint, an export): every
+    draft id maps to a distinct target id inside the target vocabulary, and t2d marks exactly those ids.
+    Raises ValueError naming `where`."""
+    vocab = len(t2d) if target_vocab_size is None else target_vocab_size
+    ids = torch.arange(d2t.numel()) + d2t.to(torch.int64)  # what SGLang's hot_token_id will be
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= min(vocab, len(t2d))):
+        raise ValueError(f"{where}: d2t maps draft ids outside the target vocabulary [0, {vocab})")
+    if int(torch.unique(ids).numel()) != ids.numel():
+        raise ValueError(f"{where}: d2t maps two draft ids to the same target id")
+    if not bool(t2d.bool()[ids].all()) or int(t2d.bool().sum()) != d2t.numel():
+        raise ValueError(f"{where}: d2t and t2d disagree: t2d does not mark exactly the target ids that d2t selects")

@@ -31,10 +31,13 @@ from safetensors.torch import load_file, save
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
+from eagle3.run_paths import TrainPaths
 
 CKPT_FORMAT = "eagle3-train-checkpoint/1"
 WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file
-FILES = (WEIGHTS, "optimizer.safetensors", "rng.safetensors", "state.json")
+STATE = "state.json"
+LATEST = "latest.json"
+FILES = (WEIGHTS, "optimizer.safetensors", "rng.safetensors", STATE)
 
 
 class CheckpointError(ValueError):
@@ -43,6 +46,25 @@ class CheckpointError(ValueError):
 
 def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step-{step:08d}"
+
+
+def step_dirs(root: Path) -> list[Path]:
+    """The step directories under a checkpoints root, oldest first."""
+    return sorted(Path(root).glob("step-*"))
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """A checkpoint's state.json (step, total_steps, the training config, ...)."""
+    return read_json(Path(ckpt) / STATE)  # type: ignore[no-any-return]
+
+
+def read_latest(root: Path) -> tuple[int, Path] | None:
+    """(step, directory) that `root`/latest.json names (the directory may since have gone), None without one."""
+    path = Path(root) / LATEST
+    if not path.is_file():
+        return None
+    latest = read_json(path)
+    return int(latest["step"]), Path(root) / latest["dir"]
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
@@ -120,11 +142,11 @@ def save_checkpoint(
     if torch.cuda.is_available():
         rng["torch_cuda"] = torch.cuda.get_rng_state()
     meta = {"format": CKPT_FORMAT, "step": str(step)}
-    atomic_write_bytes(tmp / "model.safetensors", save(weights, metadata=meta))
+    atomic_write_bytes(tmp / WEIGHTS, save(weights, metadata=meta))
     atomic_write_bytes(tmp / "optimizer.safetensors", save(moments, metadata=meta) if moments else save({}))
     atomic_write_bytes(tmp / "rng.safetensors", save(rng, metadata=meta))
     atomic_write_json(
-        tmp / "state.json",
+        tmp / STATE,
         {
             "format": CKPT_FORMAT,
             "step": step,
@@ -137,8 +159,8 @@ def save_checkpoint(
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     fsync_dir(root)
-    atomic_write_json(root / "latest.json", {"step": step, "dir": final.name})
-    for old in sorted(root.glob("step-*"))[:-keep]:
+    atomic_write_json(root / LATEST, {"step": step, "dir": final.name})
+    for old in step_dirs(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -151,12 +173,12 @@ def latest_checkpoint(root: Path) -> Path | None:
     """The checkpoint to resume from: latest.json's, else the newest complete step-* directory."""
     root = Path(root)
     try:
-        d = root / read_json(root / "latest.json")["dir"]
-        if _complete(d):
-            return d
+        latest = read_latest(root)
+        if latest is not None and _complete(latest[1]):
+            return latest[1]
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    done = [d for d in sorted(root.glob("step-*")) if _complete(d)]
+    done = [d for d in step_dirs(root) if _complete(d)]
     return done[-1] if done else None
 
 
@@ -165,7 +187,7 @@ def resolve_checkpoint(path: Path) -> Path:
     path = Path(path)
     if (path / WEIGHTS).is_file():
         return path
-    for root in (path, path / "checkpoints"):
+    for root in (path, TrainPaths(path).checkpoints_dir):
         found = latest_checkpoint(root)
         if found is not None:
             return found
@@ -180,10 +202,10 @@ def load_checkpoint(
     """Restore weights, AdamW state, scheduler and RNG from `path`; returns state.json. Every rank calls it and
     reads the whole files; a sharded (FSDP2) model and its optimizer take their own shard of each tensor."""
     path = Path(path)
-    state = read_json(path / "state.json")
+    state = read_state(path)
     if state.get("format") != CKPT_FORMAT:
         raise CheckpointError(f"{path}: format {state.get('format')!r}, expected {CKPT_FORMAT!r}")
-    weights = load_file(str(path / "model.safetensors"))
+    weights = load_file(str(path / WEIGHTS))
     expected = set(model.trainable_state_dict())
     if set(weights) != expected:
         raise CheckpointError(

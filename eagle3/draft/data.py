@@ -27,13 +27,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
-from eagle3.sample_format import FP8, KEYS, SCALE_KEYS, ST_DTYPES, SampleFormatError, dequantize_fp8, read_header
+from eagle3.convert.vocab import read_vocab_map
+from eagle3.run_paths import RunPaths
+from eagle3.sample_format import FP8, SampleFormatError, dequantize_fp8, parse_header, state_keys
 
-INDEX_FILE = "index.arrow"
-VOCAB_FILE = "vocab_map.safetensors"
 SORT_WINDOW = 64  # rows' worth of samples sorted together: long enough to bucket, short enough to stay random
 
 
@@ -49,7 +48,7 @@ class Sample:
 
 def load_index(run_dir: Path) -> list[Sample]:
     """Samples with at least one loss token, in index order."""
-    path = Path(run_dir) / INDEX_FILE
+    path = RunPaths(run_dir).index_path
     if not path.is_file():
         raise DataError(f"{path} is missing; run the convert stage first")
     with pa.memory_map(str(path)) as src:
@@ -65,15 +64,14 @@ def load_index(run_dir: Path) -> list[Sample]:
 
 
 def load_vocab_map(run_dir: Path) -> tuple[Tensor, Tensor]:
-    """(d2t int64 [draft], t2d bool [target vocab]), checked against each other."""
-    path = Path(run_dir) / VOCAB_FILE
+    """(d2t int64 [draft], t2d bool [target vocab]) of the store's vocab map, checked (eagle3/convert/vocab.py)."""
+    path = RunPaths(run_dir).vocab_map_path
     if not path.is_file():
         raise DataError(f"{path} is missing; run the convert stage first")
-    with safe_open(str(path), framework="pt") as f:
-        d2t, t2d = f.get_tensor("d2t").to(torch.int64), f.get_tensor("t2d").to(torch.bool)
-    ids = torch.arange(len(d2t)) + d2t
-    if ids.min() < 0 or ids.max() >= len(t2d) or not bool(t2d[ids].all()) or int(t2d.sum()) != len(d2t):
-        raise DataError(f"{path}: d2t and t2d disagree (draft ids must map to distinct target ids marked in t2d)")
+    try:
+        d2t, t2d, _ = read_vocab_map(path)
+    except ValueError as e:
+        raise DataError(f"{e}; run the convert stage again") from None
     return d2t, t2d
 
 
@@ -151,46 +149,17 @@ class SampleLayout:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return KEYS + SCALE_KEYS if self.dtype == FP8 else KEYS
+        return state_keys(self.dtype)
 
 
 def read_layout(path: Path) -> SampleLayout:
-    """The header of a sample file (one small read), checked for the four keys and their token counts."""
+    """The header of a sample file (one small read), checked by eagle3/sample_format.py's parse_header."""
     try:
-        header, n, size = read_header(path)
+        h = parse_header(path)
     except SampleFormatError as e:
-        raise DataError(str(e)) from None
-    header.pop("__metadata__", None)
-    fp8 = header.get("aux_hidden_states", {}).get("dtype") == "F8_E4M3"
-    keys = KEYS + SCALE_KEYS if fp8 else KEYS
-    if set(header) != set(keys):
-        raise DataError(f"{path}: keys {sorted(header)}, expected {sorted(keys)}; re-run extract for this sample")
-    shapes = {k: tuple(header[k]["shape"]) for k in keys}
-    t = shapes["input_ids"][0] if shapes["input_ids"] else 0
-    dtypes = {k: ST_DTYPES.get(header[k]["dtype"]) for k in keys}
-    end = max(header[k]["data_offsets"][1] for k in keys)
-    k_aux = shapes["aux_hidden_states"][1] if len(shapes["aux_hidden_states"]) == 3 else -1
-    if fp8 and (
-        shapes["aux_scales"] != (t, k_aux) or shapes["last_scale"] != (t,) or
-        dtypes["aux_scales"] != torch.float32 or dtypes["last_scale"] != torch.float32
-    ):  # fmt: skip
-        raise DataError(f"{path}: FP8 scales {header['aux_scales']} / {header['last_scale']} do not fit the states "
-                        f"{shapes['aux_hidden_states']}; re-run extract")  # fmt: skip
-    if (
-        dtypes["input_ids"] != torch.int64
-        or dtypes["loss_mask"] != torch.uint8
-        or dtypes["aux_hidden_states"] is None
-        or dtypes["aux_hidden_states"] != dtypes["last_hidden_state"]
-        or len(shapes["aux_hidden_states"]) != 3
-        or shapes["loss_mask"] != (t,)
-        or shapes["aux_hidden_states"][0] != t
-        or shapes["last_hidden_state"] != (t, shapes["aux_hidden_states"][2])
-        or size != 8 + n + end
-    ):
-        raise DataError(f"{path}: not a complete sample file ({size} bytes, header {header}); re-run extract")
-    dtype = dtypes["aux_hidden_states"]
-    assert dtype is not None
-    return SampleLayout(path, t, dtype, shapes, {k: 8 + n + header[k]["data_offsets"][0] for k in keys})
+        text = str(e)
+        raise DataError(text if "re-run extract" in text else f"{text}; re-run extract for this sample") from None
+    return SampleLayout(path, h.num_tokens, h.dtype, {k: h.shape(k) for k in h.keys}, h.offsets)
 
 
 def _pread_into(fd: int, offset: int, dst: Tensor, where: Path) -> None:

@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 from safetensors.torch import save
 
-from eagle3.draft.data import INDEX_FILE, VOCAB_FILE
+from eagle3.convert.vocab import VOCAB_FORMAT
 from eagle3.fsio import atomic_write_bytes, atomic_write_json
 from eagle3.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
 from eagle3.store import RunInfo, RunStore
@@ -161,10 +161,10 @@ def write_run(run_dir: Path, model_dir: Path, spec: SyntheticSpec, device: str =
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, table.schema) as w:
         w.write_table(table)
-    atomic_write_bytes(run_dir / INDEX_FILE, sink.getvalue().to_pybytes())
+    atomic_write_bytes(store.index_path, sink.getvalue().to_pybytes())
     d2t = used - torch.arange(len(used))
     t2d = torch.zeros(v, dtype=torch.bool)
     t2d[used] = True
-    meta = {"format": "eagle3-vocab-map/1", "draft_vocab_size": str(len(used)), "target_vocab_size": str(v)}
-    atomic_write_bytes(run_dir / VOCAB_FILE, save({"d2t": d2t, "t2d": t2d}, metadata=meta))
+    meta = {"format": VOCAB_FORMAT, "draft_vocab_size": str(len(used)), "target_vocab_size": str(v)}
+    atomic_write_bytes(store.vocab_map_path, save({"d2t": d2t, "t2d": t2d}, metadata=meta))
     return [run_dir / r[2] for r in rows]

@@ -43,6 +43,7 @@ from eagle3.config import PipelineConfig, dump_root
 from eagle3.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.fsio import remove_stale_temps
 from eagle3.model_files import read_model_facts
+from eagle3.run_paths import RunPaths
 from eagle3.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
 from eagle3.sglang_layers import extraction_layers
 from eagle3.sglang_server import LineFn, ServerError, SGLangServer
@@ -129,7 +130,7 @@ class SGLangEngine:
             Path(model_dir),
             dump_dir=self.dump_dir,
             layers=self.layers,
-            log_dir=log_dir or Path(cfg.run_dir) / "server",
+            log_dir=log_dir or RunPaths(cfg.run_dir).server_log_dir,
             base_env=base_env or {},
             on_line=on_line,
         )

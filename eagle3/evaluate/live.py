@@ -35,11 +35,11 @@ from eagle3 import dump_protocol as proto
 from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
+from eagle3.run_paths import RunPaths
 from eagle3.sglang_server import ServerError, SGLangServer, server_device
-from eagle3.store import now
+from eagle3.store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
-RESULT_FILE = Path("eval") / "live.json"
 WARMUP_TOKENS = 8
 #: The plugin's switch for EAGLE3 on a CPU server (server_patch/cpu_spec.py).
 #: Log lines by which SGLang 0.5.23 (or the plugin's CPU fallback) says it cannot run EAGLE3 here (docs/sglang.md).
@@ -321,7 +321,7 @@ def evaluate_live(
         cfg = server.model_copy(update={"env": {**server.env, **(env or {})}})
         return serve_and_measure(
             cfg, model_dir, extra, prompts, label=label, evaluate=evaluate,
-            log_dir=run_dir / "eval" / f"server-{label}", base_env=base_env, port=port, counter=counter,
+            log_dir=RunPaths(run_dir).eval_server_log_dir(label), base_env=base_env, port=port, counter=counter,
         )  # fmt: skip
 
     try:
@@ -347,7 +347,12 @@ def evaluate_live(
     )
 
 
+def read_live_result(run_dir: Path) -> LiveEvalResult | None:
+    """eval/live.json, None when there is none."""
+    return read_record(RunPaths(run_dir).live_eval_json, LiveEvalResult)
+
+
 def _write(run_dir: Path, fields: dict[str, Any]) -> LiveEvalResult:
     result = LiveEvalResult.model_validate(fields)
-    atomic_write_json(Path(run_dir) / RESULT_FILE, result.model_dump(mode="json"))
+    atomic_write_json(RunPaths(run_dir).live_eval_json, result.model_dump(mode="json"))
     return result

@@ -39,11 +39,11 @@ from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.prepare import read_rows
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.store import DTYPES, RunInfo
+from eagle3.run_paths import RunPaths
+from eagle3.store import DTYPES, RunStore, read_record
 from eagle3.synthesize import stop_token_ids
 
 OFFLINE_FORMAT = "eagle3-eval-offline/2"
-RESULT_FILE = Path("eval") / "offline.json"
 LABEL = "offline, transformers, this device"
 
 
@@ -177,10 +177,11 @@ def load_eval_sets(cfg: EvaluateConfig, chat: ChatTokenizer) -> list[EvalPrompts
 
 def aux_layers_of(run_dir: Path) -> list[int]:
     """The store's aux layers (HF hidden_states indices) from run.json: the layers the draft was trained on."""
-    path = Path(run_dir) / "run.json"
-    if not path.is_file():
-        raise EvalError(f"{path} missing: evaluate needs the run directory the draft was trained from")
-    return list(RunInfo.model_validate(read_json(path)).aux_layers)
+    store = RunStore(run_dir)
+    info = store.read_run_info()
+    if info is None:
+        raise EvalError(f"{store.run_json} missing: evaluate needs the run directory the draft was trained from")
+    return list(info.aux_layers)
 
 
 # statistics ---------------------------------------------------------------------------------------------------------
@@ -475,8 +476,16 @@ def offline_dtype(cfg: EvaluateConfig, store_dtype: str) -> str:
     return "float32" if resolve_device(cfg.device) == "cpu" else store_dtype
 
 
+def read_offline_result(run_dir: Path) -> OfflineEvalResult | None:
+    """eval/offline.json; None when there is none or it is of an older format (it is measured again)."""
+    path = RunPaths(run_dir).offline_eval_json
+    if not path.is_file() or read_json(path).get("format") != OFFLINE_FORMAT:
+        return None
+    return read_record(path, OfflineEvalResult)
+
+
 def write_offline_result(run_dir: Path, result: OfflineEvalResult) -> Path:
-    path = Path(run_dir) / RESULT_FILE
+    path = RunPaths(run_dir).offline_eval_json
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, result.model_dump(mode="json"))
     return path
@@ -494,7 +503,7 @@ def evaluate_offline(
     """The evaluate stage's offline part: the evaluation sets (`sets`, else cfg.eval_sets() read), each at every
     chain length of cfg.chain_lengths(), on cfg.device, the target in cfg.offline_dtype, written to
     <run_dir>/eval/offline.json."""
-    info = RunInfo.model_validate(read_json(Path(run_dir) / "run.json"))
+    info = RunStore(run_dir).require_run_info("evaluate needs the run directory the draft was trained from")
     if sets is None:
         sets = load_eval_sets(cfg, ChatTokenizer.from_model_dir(Path(model_dir)))
     result = offline_sets(

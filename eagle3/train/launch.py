@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import TrainConfig
-from eagle3.draft.checkpoint import latest_checkpoint
-from eagle3.fsio import read_json
+from eagle3.draft.checkpoint import latest_checkpoint, read_state
+from eagle3.run_paths import TrainPaths
 
 PR_SET_PDEATHSIG = 1
 
@@ -136,10 +136,10 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 def finished_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:
     """The latest checkpoint if it is the last step of a training with this length (done), else None."""
-    ckpt = latest_checkpoint(Path(out_dir) / "checkpoints")
+    ckpt = latest_checkpoint(TrainPaths(out_dir).checkpoints_dir)
     if ckpt is None:
         return None
-    state = read_json(ckpt / "state.json")
+    state = read_state(ckpt)
     saved = state.get("config", {})
     same_length = (saved.get("max_steps"), saved.get("epochs")) == (cfg.max_steps, cfg.epochs)
     return ckpt if same_length and state["step"] >= state["total_steps"] else None

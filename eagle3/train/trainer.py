@@ -32,14 +32,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from eagle3.config import TrainConfig
 from eagle3.device import torch_device
-from eagle3.draft.checkpoint import gather_tensors, latest_checkpoint, load_checkpoint, save_checkpoint
+from eagle3.draft.checkpoint import gather_tensors, latest_checkpoint, load_checkpoint, save_checkpoint, step_dir
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map
 from eagle3.draft.loss import target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
 from eagle3.draft.warm_start import WarmStart, warm_start
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.progress import Progress, ProgressFn, no_progress
-from eagle3.store import RunInfo
+from eagle3.run_paths import TrainPaths
+from eagle3.store import RunInfo, RunStore
 
 
 class TrainJob(BaseModel):
@@ -166,8 +167,8 @@ class Reporter:
     def __init__(self, out_dir: Path, total: int, start_step: int, progress: ProgressFn):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.path = out_dir / "metrics.jsonl"
-        self.tb = SummaryWriter(str(out_dir / "tb"))
+        self.path = TrainPaths(out_dir).metrics
+        self.tb = SummaryWriter(str(TrainPaths(out_dir).tensorboard_dir))
         self.total, self.start_step, self.progress = total, start_step, progress
         self.t0 = time.monotonic()
         self.tokens = 0
@@ -201,9 +202,9 @@ class Trainer:
     def __init__(self, job: TrainJob, *, rank: int, world: int, device: torch.device) -> None:
         self.job, self.cfg, self.rank, self.world, self.device = job, job.train, rank, world, device
         self.bf16 = job.train.precision == "bf16" or (job.train.precision == "auto" and device.type == "cuda")
-        self.out_dir, self.ckpt_dir = Path(job.out_dir), Path(job.out_dir) / "checkpoints"
+        self.out_dir, self.ckpt_dir = Path(job.out_dir), TrainPaths(job.out_dir).checkpoints_dir
         run_dir = Path(job.run_dir)
-        info = RunInfo.model_validate(read_json(run_dir / "run.json"))
+        info = RunStore(run_dir).require_run_info("train reads the store the extract stage wrote")
         target_cfg = read_json(Path(job.model_dir) / "config.json")
         d2t, t2d = load_vocab_map(run_dir)
         dcfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
@@ -425,7 +426,7 @@ class Trainer:
                 tensors,
             )
         else:
-            self.checkpoint = self.ckpt_dir / f"step-{self.step:08d}"
+            self.checkpoint = step_dir(self.ckpt_dir, self.step)
 
     def close(self) -> None:
         self.stream.close()
