@@ -19,9 +19,9 @@ from eagle3.evaluate.offline import evaluate_offline
 from eagle3.export import export_draft
 from eagle3.extract import extract_shard, open_run
 from eagle3.model_files import sha256_file
-from eagle3.prepare import prepare
 from eagle3.promote import EvalRecord, EvalSet, current_link, pointed, promote
 from eagle3.store import RunStore
+from eagle3.synthesize import synthesize
 from eagle3.train.trainer import Trainer, TrainJob
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
@@ -34,7 +34,8 @@ TRAIN = {"batch_tokens": 256, "ttt_steps": 2, "warmup_steps": 2, "draft_vocab_si
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> PipelineConfig:
-    """A converted demo store of twelve short conversations; the evaluation set is its first three prompts."""
+    """A converted demo store of twelve short conversations whose answers the target wrote itself (synthesize,
+    greedy), so a trained draft can learn what the target says; the evaluation set is its first three prompts."""
     root = tmp_path_factory.mktemp("retrain")
     rows = [{"messages": [{"role": "user", "content": f"Tell me fact {i}."},
                           {"role": "assistant", "content": FACTS[i % len(FACTS)] + f" That is fact {i}."}]}
@@ -43,10 +44,11 @@ def run(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> PipelineC
     cfg = PipelineConfig.model_validate({
         "run_dir": str(root / "run"), "model": str(demo_model), "server": {"device": "cpu"},
         "data": {"dataset": str(root / "data.jsonl"), "max_length": 128}, "train": TRAIN,
+        "synthesize": {"max_new_tokens": 24, "batch_size": 12},
         "evaluate": {"dataset": str(root / "data.jsonl"), "num_prompts": 3, "max_new_tokens": 8, "draft_steps": 2},
     })  # fmt: skip
     store = RunStore(cfg.run_dir)
-    prepare(cfg, store, demo_model)
+    synthesize(cfg, store, demo_model)
     engine = TransformersEngine(demo_model, device="cpu", dtype="bfloat16", batch_tokens=512)
     info = open_run(cfg, store, demo_model, engine.info)
     assert extract_shard(store, 0, engine, info).status == "complete"
