@@ -35,6 +35,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -253,14 +254,7 @@ def export_draft(
     counter = ProgressCounter("export", total=3, report=progress, every_s=0.0)  # load+check, SGLang dir, speculators
     info = RunStore(run_dir).require_run_info("export needs the store the draft was trained on")
     target_cfg = read_json(model_dir / "config.json")
-    text = target_cfg.get("text_config", target_cfg)
-    facts = (int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
-    if facts != (info.hidden_size, info.vocab_size, info.num_layers):
-        raise ExportError(
-            f"{run_dir}/run.json (hidden {info.hidden_size}, vocab {info.vocab_size}, {info.num_layers} layers) vs "
-            f"{model_dir}/config.json (hidden {facts[0]}, vocab {facts[1]}, {facts[2]} layers): the store was "
-            "extracted from another model"
-        )
+    _check_same_target(info, target_cfg, run_dir, model_dir)
     layers = served_layer_ids(info, str(target_cfg.get("model_type", "")))
 
     ckpt_sha = sha256_file(ckpt / WEIGHTS)
@@ -276,14 +270,7 @@ def export_draft(
         counter.add(3, skipped=3)
         return prev.model_copy(update={"skipped": True})
 
-    weights = load_file(str(ckpt / WEIGHTS))
-    d2t = weights.get("d2t")
-    if d2t is None:
-        raise ExportError(f"{ckpt}/{WEIGHTS}: no d2t (draft vocab map); was it written by eagle3's trainer?")
-    cfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
-    _check_weights(ckpt / WEIGHTS, weights, cfg)
-    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sorted(weights.items())}
-    tensors["d2t"], tensors["t2d"] = weights["d2t"].to(torch.int64), weights["t2d"].to(torch.bool)
+    cfg, tensors = _draft_tensors(ckpt, info, target_cfg)
     counter.add()
 
     state = read_state(ckpt) if (ckpt / STATE).is_file() else {}
@@ -298,13 +285,31 @@ def export_draft(
     sglang_bytes = save(tensors, metadata=meta)
     spec_bytes = save({speculators_key(k): v for k, v in tensors.items()}, metadata=meta)
     spec_ids = list(info.aux_layers)  # vLLM's "input of layer k" is HF index k
+    result = ExportResult(
+        key=key,
+        out_dir=str(out_dir),
+        checkpoint=str(ckpt),
+        checkpoint_step=state.get("step"),
+        checkpoint_sha256=ckpt_sha,
+        run_dir=str(run_dir),
+        model_dir=str(model_dir),
+        model_sha256=model_sha,
+        run_model_sha256=info.model_sha256,
+        aux_layers=list(info.aux_layers),
+        sglang_layer_ids=layers.layer_ids,
+        sglang_layer_convention=layers.convention,
+        speculators_layer_ids=spec_ids,
+        draft_vocab_size=cfg.draft_vocab_size,
+        target_vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_parameters=sum(v.numel() for k, v in tensors.items() if v.is_floating_point()),
+        weights_bytes=len(sglang_bytes),
+        speculators_weights_bytes=len(spec_bytes),
+        sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens),
+        notes=notes,
+    )
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*out_dir.parent.glob(f".{out_dir.name}.tmp-*"), *out_dir.parent.glob(f".{out_dir.name}.old-*")]:
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
-    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the draft from a server run by another user
-    try:
+    def write(tmp: Path) -> None:
         atomic_write_json(tmp / "config.json", sglang_config(cfg, layers.layer_ids))
         atomic_write_bytes(tmp / WEIGHTS, sglang_bytes)
         counter.add()
@@ -319,34 +324,51 @@ def export_draft(
             ),
         )
         atomic_write_bytes(tmp / SPECULATORS_DIR / WEIGHTS, spec_bytes)
-        result = ExportResult(
-            key=key,
-            out_dir=str(out_dir),
-            checkpoint=str(ckpt),
-            checkpoint_step=state.get("step"),
-            checkpoint_sha256=ckpt_sha,
-            run_dir=str(run_dir),
-            model_dir=str(model_dir),
-            model_sha256=model_sha,
-            run_model_sha256=info.model_sha256,
-            aux_layers=list(info.aux_layers),
-            sglang_layer_ids=layers.layer_ids,
-            sglang_layer_convention=layers.convention,
-            speculators_layer_ids=spec_ids,
-            draft_vocab_size=cfg.draft_vocab_size,
-            target_vocab_size=cfg.vocab_size,
-            hidden_size=cfg.hidden_size,
-            num_parameters=sum(v.numel() for k, v in tensors.items() if v.is_floating_point()),
-            weights_bytes=len(sglang_bytes),
-            speculators_weights_bytes=len(spec_bytes),
-            sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens),
-            notes=notes,
-        )
         atomic_write_json(tmp / EXPORT_FILE, result.model_dump(mode="json"))
+
+    _build_and_swap_in(out_dir, write)
+    counter.add()
+    return result
+
+
+def _check_same_target(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, model_dir: Path) -> None:
+    text = target_cfg.get("text_config", target_cfg)
+    facts = (int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
+    if facts != (info.hidden_size, info.vocab_size, info.num_layers):
+        raise ExportError(
+            f"{run_dir}/run.json (hidden {info.hidden_size}, vocab {info.vocab_size}, {info.num_layers} layers) vs "
+            f"{model_dir}/config.json (hidden {facts[0]}, vocab {facts[1]}, {facts[2]} layers): the store was "
+            "extracted from another model"
+        )
+
+
+def _draft_tensors(
+    ckpt: Path, info: RunInfo, target_cfg: dict[str, Any]
+) -> tuple[DraftConfig, dict[str, torch.Tensor]]:
+    """The checkpoint's weights, checked against the draft they must describe, as served: floats in bf16."""
+    weights = load_file(str(ckpt / WEIGHTS))
+    d2t = weights.get("d2t")
+    if d2t is None:
+        raise ExportError(f"{ckpt}/{WEIGHTS}: no d2t (draft vocab map); was it written by eagle3's trainer?")
+    cfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
+    _check_weights(ckpt / WEIGHTS, weights, cfg)
+    tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sorted(weights.items())}
+    tensors["d2t"], tensors["t2d"] = weights["d2t"].to(torch.int64), weights["t2d"].to(torch.bool)
+    return cfg, tensors
+
+
+def _build_and_swap_in(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """`write` fills a temporary sibling of out_dir, which is fsynced and swapped in: a reader sees the old
+    directory or the new one, never half of one."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*out_dir.parent.glob(f".{out_dir.name}.tmp-*"), *out_dir.parent.glob(f".{out_dir.name}.old-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the draft from a server run by another user
+    try:
+        write(tmp)
         fsync_dir(tmp)
         _swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    counter.add()
-    return result
