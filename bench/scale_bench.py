@@ -11,7 +11,7 @@ Measured, on a fresh store per pass, passes alternating (1 server, 2 servers, 1,
 shared machine hits both alike:
   one server    every shard on server #0, one after another
   two servers   the same shards on both servers at once: one thread per server, each taking the next shard under
-                its lease (eagle3.lease) and a free server (eagle3.server_specs, as tasks/extract/servers.py lends
+                its lease (eagle3.lease) and a free server (eagle3.server_specs, as eagle3/server_pool.py lends
                 them), the extract flow's own pattern without Prefect's bookkeeping
   lease cost    take + give back one shard lease on the store's filesystem
   write bw      fsynced atomic writes of sample-sized files, 4 threads (the store's filesystem)

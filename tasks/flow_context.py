@@ -38,10 +38,11 @@ from typing import Any
 from eagle3.config import PipelineConfig
 from eagle3.lease import ShardLease
 from eagle3.lock import RunLock
+from eagle3.server_pool import ServerPool, ServerPools
 from tasks.artifacts import RunProgressRef
 from tasks.extract.hold import RunHold, run_lock, shard_lease
 from tasks.extract.report import RunProgressBoard
-from tasks.extract.servers import ServerPool, ServerPools
+from tasks.server import server_env
 
 _OPEN: ContextVar[FlowContext | None] = ContextVar("eagle3_flow_context", default=None)
 
@@ -97,7 +98,7 @@ def flow_context() -> Iterator[FlowContext]:
     or, inside another flow's block in this thread (a subflow), that flow's servers (closed at the end of that
     flow's block, or of a `hold()` on the run directory)."""
     parent = _OPEN.get()
-    servers = parent.servers if parent is not None else ServerPools()
+    servers = parent.servers if parent is not None else ServerPools(server_env())
     ctx = FlowContext(servers)
     token = _OPEN.set(ctx)
     try:

@@ -1,7 +1,7 @@
 """extract: open the run, the disk budget, one task per shard around `eagle3.extract.extract_shard`, and
 `run_shards`, which keeps every server of the flow run busy with its own shards.
 
-The pieces around it: tasks/extract/servers.py (the servers, lent to one shard task at a time),
+The pieces around it: eagle3/server_pool.py (the servers, lent to one shard task at a time),
 tasks/extract/hold.py (the run lock and the shard leases), tasks/extract/report.py (progress, tables, events,
 the flow's outcome), tasks/extract/plan.py (what the tasks pass each other), and tasks/flow_context.py (the flow
 run's lock, servers and progress board, which the flow passes to these tasks as `ctx`).
@@ -35,6 +35,7 @@ from eagle3.extract import RunMismatchError, extract_shard, open_run, shard_is_c
 from eagle3.lease import ShardLease, ShardLeaseLostError
 from eagle3.lock import RunLockedError, RunLockLostError
 from eagle3.progress import Progress, ProgressFn
+from eagle3.server_pool import server_count
 from eagle3.store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress, run_key
 from tasks.extract.plan import (
@@ -46,7 +47,6 @@ from tasks.extract.plan import (
     select_shards,
 )
 from tasks.extract.report import RunProgressBoard, disk_low
-from tasks.extract.servers import server_count
 from tasks.flow_context import FlowContext
 from tasks.server import reap_orphan_servers
 

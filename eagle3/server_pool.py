@@ -1,4 +1,6 @@
 """The servers of a flow run's extraction (eagle3.server_specs), built once per config and lent to shard tasks.
+Prefect-free: the flow's context (tasks/flow_context.py) holds the pools and passes the environment servers
+launch with (`base_env`: the worker's, plus the flow run id).
 
 A flow run submits its shard tasks to a thread pool as wide as its server list (tasks/extract/shards.py `run_shards`),
 so at most that many shard tasks run at once and `checkout()` always finds a server free: the pool only binds
@@ -24,7 +26,6 @@ from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
 from eagle3.server_specs import ServerSpec, build_server_engine, server_specs
 from eagle3.sglang_server import SGLangServer
-from tasks.server import server_env
 
 if TYPE_CHECKING:
     from eagle3.engines.transformers_engine import LoadedModels
@@ -34,8 +35,8 @@ class ServerPool:
     """The engines of one (model, server list) of a flow run; one shard task at a time on each. Transformers
     engines on one device share one copy of the weights (`models`), dropped when the pool closes."""
 
-    def __init__(self, config: PipelineConfig, model_dir: Path):
-        self.model_dir = model_dir
+    def __init__(self, config: PipelineConfig, model_dir: Path, base_env: dict[str, str]):
+        self.model_dir, self.base_env = model_dir, base_env
         self.specs = server_specs(config, host=socket.gethostname(), separate_dumps=config.extract.share_run_dir)
         self._engines: dict[int, Engine] = {}
         self._models: LoadedModels | None = None
@@ -60,7 +61,7 @@ class ServerPool:
                 self._engines[index] = build_server_engine(
                     spec,
                     self.model_dir,
-                    base_env=server_env(),  # the task is the edge: NCCL_*/CUDA_* of the worker pass through
+                    base_env=self.base_env,
                     on_line=server_log(spec.label),
                     models=self._shared_models(spec),
                 )
@@ -135,7 +136,8 @@ class ServerPools:
     """The server pools a flow run opened, one per (model, run directory, server settings), built on first use;
     `close()` closes every engine (launched SGLang servers stop). Shard tasks in several threads ask at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, base_env: dict[str, str]) -> None:
+        self.base_env = base_env  # NCCL_*/CUDA_* of the worker pass through to the servers
         self._pools: dict[str, ServerPool] = {}
         self._lock = threading.Lock()
 
@@ -143,7 +145,7 @@ class ServerPools:
         key = pool_key(config, str(model_dir))
         with self._lock:
             if key not in self._pools:
-                self._pools[key] = ServerPool(config, Path(model_dir))
+                self._pools[key] = ServerPool(config, Path(model_dir), self.base_env)
             return self._pools[key]
 
     def close(self) -> None:
