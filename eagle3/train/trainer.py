@@ -210,25 +210,7 @@ class Trainer:
         dcfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
         self._check(info, dcfg, t2d)
 
-        dtype = torch.bfloat16 if self.bf16 else torch.float32
-        tied = bool(target_cfg.get("tie_word_embeddings", False))
-        keys = {
-            "embedding": "model.embed_tokens.weight",
-            "lm_head": "model.embed_tokens.weight" if tied else "lm_head.weight",
-        }
-        target = load_target_tensors(Path(job.model_dir), keys)
-        torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
-        self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
-        self.model.set_vocab_map(d2t.to(device), t2d.to(device))
-        self.warm: WarmStart | None = None
-        if job.init_from is not None and latest_checkpoint(self.ckpt_dir) is None:  # a resume has its own weights
-            self.warm = warm_start(self.model, Path(job.init_from))
-        self.lm_head = target["lm_head"].to(device, dtype)  # [V, H], frozen, outside the draft
-        if self.cfg.compile:
-            self.model.compile_blocks()
-        self.fsdp = world > 1 and self.cfg.parallel == "fsdp"
-        if self.fsdp:  # before the optimizer and the checkpoint: both see the sharded parameters
-            shard_draft(self.model, device, world)
+        self._build_model(target_cfg, dcfg, d2t, t2d)
         self.params = [p for _, p in self.model.named_parameters() if p.requires_grad]
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
@@ -251,12 +233,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, c.warmup_steps, self.total_steps, c.min_lr_ratio)
         )
-        self.step, self.pos = 0, DataPosition(0, 0)
-        self.checkpoint: Path | None = latest_checkpoint(self.ckpt_dir)
-        if self.checkpoint is not None:
-            state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
-            check_resumable(self.checkpoint, state.get("config", {}), self.cfg)
-            self.step, self.pos = state["step"], DataPosition(**state["data_position"])
+        self._resume()
         self.start_step = self.step
         use_flex = c.attention == "flex" or (c.attention == "auto" and device.type == "cuda")
         self.flex = FlexAttend() if use_flex else None
@@ -268,6 +245,38 @@ class Trainer:
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
             )
+
+    def _build_model(self, target_cfg: dict[str, Any], dcfg: DraftConfig, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """The draft (warm-started, compiled, sharded as configured) and the frozen target lm_head beside it."""
+        job, device = self.job, self.device
+        dtype = torch.bfloat16 if self.bf16 else torch.float32
+        tied = bool(target_cfg.get("tie_word_embeddings", False))
+        keys = {
+            "embedding": "model.embed_tokens.weight",
+            "lm_head": "model.embed_tokens.weight" if tied else "lm_head.weight",
+        }
+        target = load_target_tensors(Path(job.model_dir), keys)
+        torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
+        self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
+        self.model.set_vocab_map(d2t.to(device), t2d.to(device))
+        self.warm: WarmStart | None = None
+        if job.init_from is not None and latest_checkpoint(self.ckpt_dir) is None:  # a resume has its own weights
+            self.warm = warm_start(self.model, Path(job.init_from))
+        self.lm_head = target["lm_head"].to(device, dtype)  # [V, H], frozen, outside the draft
+        if self.cfg.compile:
+            self.model.compile_blocks()
+        self.fsdp = self.world > 1 and self.cfg.parallel == "fsdp"
+        if self.fsdp:  # before the optimizer and the checkpoint: both see the sharded parameters
+            shard_draft(self.model, device, self.world)
+
+    def _resume(self) -> None:
+        """Step, data position, weights and optimizer state from the latest complete checkpoint, if any."""
+        self.step, self.pos = 0, DataPosition(0, 0)
+        self.checkpoint: Path | None = latest_checkpoint(self.ckpt_dir)
+        if self.checkpoint is not None:
+            state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
+            check_resumable(self.checkpoint, state.get("config", {}), self.cfg)
+            self.step, self.pos = state["step"], DataPosition(**state["data_position"])
 
     def _check(self, info: RunInfo, dcfg: DraftConfig, t2d: torch.Tensor) -> None:
         where = f"{self.job.run_dir}/run.json vs {self.job.model_dir}/config.json"
