@@ -7,7 +7,6 @@ takes in exactly the new samples (each extracted once, in a new shard) and leave
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from eagle3.store import RunStore
+from tests.landing import drop
 from tests.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -74,12 +74,6 @@ def node(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator
 def conversation(i: int) -> dict:
     return {"messages": [{"role": "user", "content": f"Name a fruit, number {i}."},
                          {"role": "assistant", "content": f"Fruit {i}: an apple."}]}  # fmt: skip
-
-
-def drop(folder: Path, name: str, rows: list[dict]) -> None:
-    tmp = folder / f".{name}.part"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, folder / name)
 
 
 def runs_of(client: Any, deployment_id: Any) -> list[Any]:

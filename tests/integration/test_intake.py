@@ -4,7 +4,6 @@ already in the store as it was (bytes and mtimes), lists itself in run.json, and
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from eagle3.extract import extract_shard, open_run, shard_is_complete
 from eagle3.prepare import PrepareError, prepare
 from eagle3.store import RunStore
 from tests.integration.test_extract import CountingEngine
+from tests.landing import drop
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +23,6 @@ pytestmark = pytest.mark.slow
 def conversation(i: int) -> dict:
     return {"messages": [{"role": "user", "content": f"Name a colour, number {i}."},
                          {"role": "assistant", "content": f"Colour {i}: blue."}]}  # fmt: skip
-
-
-def drop(folder: Path, name: str, rows: list[dict]) -> Path:
-    """Land a file the way a nightly job should: written under a dot name, then renamed into place."""
-    tmp = folder / f".{name}.part"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, folder / name)
-    return folder / name
 
 
 def snapshot(store: RunStore) -> dict[str, tuple[bytes, int]]:
