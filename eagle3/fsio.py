@@ -11,7 +11,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -97,6 +97,16 @@ def move_into(src: Path, dst: Path) -> None:
             atomic_write_with(dst, lambda out: shutil.copyfileobj(inp, out, 16 << 20), sync_dir=False)
         src.unlink()
     fsync_dir(dst.parent)
+
+
+def claim_keyed(manifest: Path, key: dict[str, Any], outputs: Callable[[], Iterable[Path]], temps: Path) -> None:
+    """Outputs made under `key` (recorded in `manifest`) are kept; made under another key (or none), they are
+    deleted and `key` recorded. Temporary files a killed writer left in `temps` go either way."""
+    if not (manifest.is_file() and read_json(manifest) == key):
+        for old in outputs():
+            old.unlink(missing_ok=True)
+        atomic_write_json(manifest, key)
+    remove_stale_temps(temps)
 
 
 def remove_stale_temps(directory: Path) -> int:

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from eagle3.chat import ChatTokenizer, Message, RowError
 from eagle3.config import EvaluateConfig, PipelineConfig, SynthesizeConfig
 from eagle3.dedup import dedup, normalize
-from eagle3.fsio import atomic_write_json, atomic_write_text, read_json, remove_stale_temps, safe_name
+from eagle3.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json, safe_name
 from eagle3.generate_client import GenerationClient, GenerationFailed, Server
 from eagle3.model_files import model_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
@@ -302,13 +302,9 @@ def _write_served(
 # the stage ----------------------------------------------------------------------------------------------------
 def _claim(out: Path, key: PromptsKey) -> None:
     """Keep the requests written under the same key; otherwise clear them and record the new key."""
-    path, samples = out / "manifest.json", out / "samples"
+    samples = out / "samples"
     samples.mkdir(parents=True, exist_ok=True)
-    if not (path.is_file() and read_json(path) == key.model_dump(mode="json")):
-        for old in samples.glob("*.json"):
-            old.unlink()
-        atomic_write_json(path, key.model_dump(mode="json"))
-    remove_stale_temps(samples)
+    claim_keyed(out / "manifest.json", key.model_dump(mode="json"), lambda: samples.glob("*.json"), samples)
 
 
 def build_prompts(

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eagle3.chat import ChatTokenizer, Message, RowError, split_reasoning
 from eagle3.config import PipelineConfig, ServerConfig, SynthesizeConfig
 from eagle3.device import resolve_device
-from eagle3.fsio import atomic_write_json, atomic_write_text, read_json, remove_stale_temps
+from eagle3.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json
 from eagle3.generate_client import GenerationClient, GenerationFailed, Server
 from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
 from eagle3.prepare import RawRow, dataset_fingerprint, is_current, prepare, read_json_lines, write_prepared
@@ -184,15 +184,13 @@ def read_summary(store: RunStore) -> SynthesizeSummary | None:
 
 def _claim_dir(store: RunStore, key: SynthesizedKey) -> None:
     """Keep files made under the same key; otherwise clear them and record the new key."""
-    path, samples = store.synthesized_manifest_path, store.synthesized_samples_dir
-    if path.is_file() and read_json(path) == key.model_dump(mode="json"):
-        remove_stale_temps(samples)
-        return
-    for old in [*store.synthesized_shard_paths(), *samples.glob("*.json")]:
-        old.unlink()
-    remove_stale_temps(samples)
-    summary_path(store).unlink(missing_ok=True)
-    atomic_write_json(path, key.model_dump(mode="json"))
+    samples = store.synthesized_samples_dir
+    claim_keyed(
+        store.synthesized_manifest_path,
+        key.model_dump(mode="json"),
+        lambda: [*store.synthesized_shard_paths(), *samples.glob("*.json"), summary_path(store)],
+        samples,
+    )
 
 
 def _record(job: Job, messages: list[Message], turns: list[Turn]) -> dict[str, Any]:
