@@ -370,6 +370,32 @@ class TrainConfig(StrictModel):
         "whose optimizer state does not fit one GPU. The same math and the same checkpoints: a run may switch "
         "on resume.",
     )
+    # best-checkpoint selection (eagle3/draft/heldout.py, eagle3/draft/checkpoint.py) -------------------------
+    heldout_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="Fraction of the store's samples kept out of training and measured at every checkpoint "
+        "(per-TTT-step accuracy, teacher-forced acceptance length). A sample is held out by a hash of its sample id, "
+        "so the split never changes on resume, across processes, or when the store grows. 0: off.",
+    )  # fmt: skip
+    heldout_max_tokens: int = Field(
+        65536, gt=0, description="At most this many held-out tokens are measured per checkpoint (the first held-out "
+        "samples in index order).",
+    )  # fmt: skip
+    select_steps: int = Field(
+        3, gt=0, le=16, description="Chain length k of the held-out acceptance length (capped at ttt_steps)."
+    )
+    select: Literal["last", "best"] = Field(
+        "last",
+        description="Which checkpoint is the trained draft (export, evaluate, promotion). `last`: the latest. "
+        "`best`: the one with the highest held-out acceptance length (checkpoints/best.json, never pruned); needs "
+        "heldout_fraction > 0.",
+    )
+
+    @model_validator(mode="after")
+    def _best_needs_heldout(self) -> TrainConfig:
+        if self.select == "best" and self.heldout_fraction == 0.0:
+            raise ValueError("train.select: best needs held-out samples: set train.heldout_fraction (e.g. 0.02)")
+        return self
 
 
 class EvalSetConfig(StrictModel):

@@ -8,10 +8,19 @@
         state.json              step, data position, AdamW per-parameter step and group lr, scheduler state,
                                 the training config
     <out_dir>/checkpoints/latest.json   {"step": 200, "dir": "step-00000200"}
+    <out_dir>/checkpoints/best.json     {"step": 200, "dir": "step-00000200", "acceptance_length": 1.8, "k": 3}
+                                        (train.select = best only)
 
 A checkpoint is written under `.step-00000200.tmp/`, each file fsynced, then renamed into place, then
 latest.json is replaced: a directory named step-* is complete, and a kill at any moment leaves either the
 previous checkpoint or the new one. Resume reads latest.json, or the newest complete step-* directory.
+
+With train.select = best, each state.json holds the held-out measurement ("heldout", eagle3/draft/heldout.py) and
+best.json names the complete checkpoint with the highest held-out acceptance length (the earliest of equals). It
+is rewritten (atomically) after latest.json and before pruning, and pruning never removes it, so a kill at any
+moment loses no best checkpoint; `select_best` recomputes it from the state.json files on disk, which the trainer
+also does on resume (a kill between latest.json and best.json). `resolve_checkpoint`, which export, evaluation and
+promotion use to find "the trained draft" of a training, takes best.json's checkpoint when there is one.
 
 The tensors are always whole, whatever the run's parallelism: under FSDP2 (DTensor parameters and AdamW
 moments, train.parallel = fsdp) `gather_tensors` all-gathers each one (a collective: every rank calls it, rank 0
@@ -37,6 +46,7 @@ CKPT_FORMAT = "eagle3-train-checkpoint/1"
 WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file
 STATE = "state.json"
 LATEST = "latest.json"
+BEST = "best.json"
 FILES = (WEIGHTS, "optimizer.safetensors", "rng.safetensors", STATE)
 
 
@@ -127,9 +137,11 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
     tensors: CheckpointTensors | None = None,
+    select: str = "last",
 ) -> Path:
-    """Write checkpoint `step` atomically and drop all but the newest `keep`. Call on one rank only; a sharded
-    (FSDP2) model's `tensors` come from gather_tensors, called on every rank."""
+    """Write checkpoint `step` atomically and drop all but the newest `keep` (with select="best": and the best,
+    which best.json names). Call on one rank only; a sharded (FSDP2) model's `tensors` come from gather_tensors,
+    called on every rank."""
     root = Path(root)
     final = step_dir(root, step)
     tmp = root / f".{final.name}.tmp"
@@ -160,8 +172,10 @@ def save_checkpoint(
     tmp.rename(final)
     fsync_dir(root)
     atomic_write_json(root / LATEST, {"step": step, "dir": final.name})
+    best = select_best(root) if select == "best" else None
     for old in step_dirs(root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old != best:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -182,13 +196,72 @@ def latest_checkpoint(root: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def heldout_acceptance(ckpt: Path) -> float | None:
+    """The held-out acceptance length state.json recorded for a checkpoint, None without one."""
+    try:
+        return float(read_state(ckpt)["heldout"]["acceptance_length"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _best_on_disk(root: Path) -> Path | None:
+    """The complete checkpoint with the highest held-out acceptance length (the earliest of equals)."""
+    scored = [(a, d) for d in step_dirs(root) if _complete(d) and (a := heldout_acceptance(d)) is not None]
+    return max(scored, key=lambda ad: (ad[0], -int(ad[1].name.removeprefix("step-"))))[1] if scored else None
+
+
+def read_best(root: Path) -> tuple[int, Path] | None:
+    """(step, directory) that `root`/best.json names (the directory may since have gone), None without one."""
+    path = Path(root) / BEST
+    if not path.is_file():
+        return None
+    best = read_json(path)
+    return int(best["step"]), Path(root) / best["dir"]
+
+
+def select_best(root: Path) -> Path | None:
+    """Point best.json (atomically) at the best complete checkpoint on disk by held-out acceptance; returns it."""
+    root = Path(root)
+    best = _best_on_disk(root)
+    if best is None:
+        return None
+    record = read_state(best)
+    entry = {
+        "step": int(record["step"]),
+        "dir": best.name,
+        "acceptance_length": float(record["heldout"]["acceptance_length"]),
+        "k": int(record["heldout"]["k"]),
+    }
+    try:
+        same = read_json(root / BEST) == entry
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        atomic_write_json(root / BEST, entry)
+    return best
+
+
+def best_checkpoint(root: Path) -> Path | None:
+    """best.json's checkpoint (train.select = best), else None. A best.json whose directory is incomplete (a kill
+    while it was being replaced) yields the best complete one on disk."""
+    root = Path(root)
+    try:
+        best = read_best(root)
+    except (OSError, ValueError, KeyError, TypeError):
+        best = (0, root / ".unreadable")
+    if best is None:
+        return None
+    return best[1] if _complete(best[1]) else _best_on_disk(root)
+
+
 def resolve_checkpoint(path: Path) -> Path:
-    """A step directory (holds model.safetensors), or a checkpoints root / training out_dir (its latest)."""
+    """The trained draft: a step directory (holds model.safetensors) as it is, or, for a checkpoints root / training
+    out_dir, its best checkpoint (best.json, train.select = best) or else its latest."""
     path = Path(path)
     if (path / WEIGHTS).is_file():
         return path
     for root in (path, TrainPaths(path).checkpoints_dir):
-        found = latest_checkpoint(root)
+        found = best_checkpoint(root) or latest_checkpoint(root)
         if found is not None:
             return found
     raise CheckpointError(

@@ -44,6 +44,7 @@ class DataError(ValueError):
 class Sample:
     path: Path
     num_tokens: int
+    sample_id: str = ""
 
 
 def load_index(run_dir: Path) -> list[Sample]:
@@ -53,11 +54,12 @@ def load_index(run_dir: Path) -> list[Sample]:
         raise DataError(f"{path} is missing; run the convert stage first")
     with pa.memory_map(str(path)) as src:
         t = pa.ipc.open_file(src).read_all()
-    for col in ("path", "num_tokens", "num_loss_tokens"):
+    for col in ("sample_id", "path", "num_tokens", "num_loss_tokens"):
         if col not in t.column_names:
             raise DataError(f"{path}: column {col!r} missing (columns {t.column_names}); re-run convert")
-    rows = zip(t["path"].to_pylist(), t["num_tokens"].to_pylist(), t["num_loss_tokens"].to_pylist(), strict=True)
-    samples = [Sample(Path(run_dir) / p, int(n)) for p, n, m in rows if m > 0 and n > 1]
+    cols = ("sample_id", "path", "num_tokens", "num_loss_tokens")
+    rows = zip(*(t[c].to_pylist() for c in cols), strict=True)
+    samples = [Sample(Path(run_dir) / p, int(n), str(sid)) for sid, p, n, m in rows if m > 0 and n > 1]
     if not samples:
         raise DataError(f"{path}: no sample has loss tokens; nothing to train on")
     return samples

@@ -13,6 +13,8 @@ Alignment (positions within one document of T tokens, x = input ids, loss_mask o
     loss of step i       soft cross-entropy summed over trained positions / their count
     total                sum_i decay**i * loss_i
     accuracy of step i   draft argmax (mapped through d2t) == target argmax, over positions with a label
+    chain acceptance     1 + the leading correct steps (at most k) at each position where step 0 has a label,
+                         the teacher-forced acceptance length of a k-step chain (held-out selection)
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ class TTTLoss:
     step_loss: Tensor  # [S] detached
     step_hits: Tensor  # [S] positions where the draft's argmax equals the target's
     step_labels: Tensor  # [S] positions with a label (accuracy denominator)
+    correct: Tensor  # [S, N] bool: step i at position t has a label and the draft's argmax equals the target's
+    labelled: Tensor  # [S, N] bool: step i at position t has a label
 
 
 def ttt_loss(
@@ -105,7 +109,7 @@ def ttt_loss(
     idx = torch.arange(n, device=remaining.device)
     mask_ahead = F.pad(loss_mask.bool(), (0, steps + 2))  # [N + steps + 2]
     total = torch.zeros((), dtype=torch.float32, device=remaining.device)
-    losses, hits, labels = [], [], []
+    losses, correct, labelled = [], [], []
     for i, z in enumerate(logits):
         src = (idx + 1 + i).clamp(max=n - 1)  # where target[t+1+i] sits
         label = (remaining >= 2 + i) & mask_ahead[2 + i : 2 + i + n]  # x[t+2+i] exists and is trained on
@@ -114,12 +118,25 @@ def ttt_loss(
         total = total + decay**i * loss_i
         with torch.no_grad():
             pred = z.argmax(-1)  # [N] draft ids
-            hits.append(((pred + d2t[pred] == target.argmax[src]) & label).sum())
-            labels.append(label.sum())
+            correct.append((pred + d2t[pred] == target.argmax[src]) & label)
+            labelled.append(label)
             losses.append(loss_i.detach())
+    hit, lab = torch.stack(correct), torch.stack(labelled)  # [S, N]
     return TTTLoss(
         total=total,
         step_loss=torch.stack(losses),
-        step_hits=torch.stack(hits).float(),
-        step_labels=torch.stack(labels).float(),
+        step_hits=hit.sum(1).float(),
+        step_labels=lab.sum(1).float(),
+        correct=hit,
+        labelled=lab,
     )
+
+
+@torch.no_grad()
+def chain_acceptance(out: TTTLoss, k: int) -> tuple[Tensor, Tensor]:
+    """Teacher-forced acceptance of a k-step draft chain: over the positions where step 0 has a label, the sum of
+    1 + the number of consecutive correct steps from step 0 (at most k), and the count of those positions. A
+    step without a label (the document or its loss mask ends) ends the chain. Returns (sum, count), fp64 scalars."""
+    run = torch.cumprod(out.correct[:k].to(torch.int64), dim=0).sum(0)  # [N] leading correct steps
+    start = out.labelled[0]
+    return (1 + run)[start].sum().double(), start.sum().double()

@@ -109,10 +109,11 @@ class TrainProcess:
 
 
 class MetricsTail:
-    """New records of metrics.jsonl since the last call (complete lines only: the trainer appends)."""
+    """New training records of metrics.jsonl since the last call (complete lines only: the trainer appends).
+    `heldout=True`: the held-out lines instead ({"step", "heldout", "time"}, one per checkpoint)."""
 
-    def __init__(self, path: Path):
-        self.path, self.offset = Path(path), 0
+    def __init__(self, path: Path, *, heldout: bool = False):
+        self.path, self.offset, self.heldout = Path(path), 0, heldout
 
     def read(self) -> list[dict[str, Any]]:
         try:
@@ -123,15 +124,24 @@ class MetricsTail:
             return []
         end = data.rfind(b"\n") + 1
         self.offset += end
-        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        records = (json.loads(line) for line in data[:end].splitlines() if line.strip())
+        return [r for r in records if ("heldout" in r) == self.heldout]
+
+
+def _last_of_each_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    by_step = {int(rec["step"]): rec for rec in records}
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All records, keeping the last one of each step (a resumed run rewrites the steps after its checkpoint)."""
-    by_step: dict[int, dict[str, Any]] = {}
-    for rec in MetricsTail(path).read():
-        by_step[int(rec["step"])] = rec
-    return [by_step[s] for s in sorted(by_step)]
+    """All training records, keeping the last one of each step (a resumed run rewrites the steps after its
+    checkpoint)."""
+    return _last_of_each_step(MetricsTail(path).read())
+
+
+def read_heldout_metrics(path: Path) -> list[dict[str, Any]]:
+    """The held-out records (one per checkpoint, train.heldout_fraction > 0), the last one of each step."""
+    return _last_of_each_step(MetricsTail(path, heldout=True).read())
 
 
 def finished_checkpoint(out_dir: Path, cfg: TrainConfig) -> Path | None:

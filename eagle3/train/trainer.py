@@ -8,6 +8,10 @@ Outputs under out_dir: metrics.jsonl (one JSON object per logged step), tb/ (Ten
 checkpoints/ (eagle3/draft/checkpoint.py). A run whose out_dir holds a checkpoint resumes from it: same
 weights, AdamW moments, schedule, RNG and data position, so the next step's loss equals an uninterrupted run's.
 
+train.heldout_fraction > 0 keeps a slice of the store out of training (eagle3/draft/heldout.py); every checkpoint
+measures it with the same TTT forward and loss as the step (no gradient) and records it in state.json and
+metrics.jsonl; train.select = best makes the best of them the trained draft (checkpoints/best.json).
+
 Several processes (torchrun): train.parallel `ddp` wraps the draft in DistributedDataParallel; `fsdp` shards its
 trainable weights, gradients and AdamW state with FSDP2 (`shard_draft`). Both average the gradient over the
 ranks, so the losses agree; checkpoints hold whole tensors either way.
@@ -32,14 +36,22 @@ from torch.nn.parallel import DistributedDataParallel
 
 from eagle3.config import TrainConfig
 from eagle3.device import torch_device
-from eagle3.draft.checkpoint import gather_tensors, latest_checkpoint, load_checkpoint, save_checkpoint, step_dir
-from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map
-from eagle3.draft.loss import target_distribution, ttt_loss
+from eagle3.draft.checkpoint import (
+    gather_tensors,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    select_best,
+    step_dir,
+)
+from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map, read_row
+from eagle3.draft.heldout import HeldoutTally, heldout_rows, split_heldout
+from eagle3.draft.loss import TTTLoss, target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
 from eagle3.draft.warm_start import WarmStart, warm_start
 from eagle3.fsio import atomic_write_json, read_json
 from eagle3.progress import Progress, ProgressFn, no_progress
-from eagle3.run_paths import TrainPaths
+from eagle3.run_paths import RunPaths, TrainPaths
 from eagle3.store import RunInfo, RunStore
 
 
@@ -194,6 +206,19 @@ class Reporter:
             )
         )
 
+    def log_heldout(self, heldout: dict[str, Any]) -> None:
+        """One metrics.jsonl line {"step", "heldout": {...}, "time"} (no training keys: readers of the training
+        records skip it), and TensorBoard's heldout/* scalars."""
+        step = heldout["step"]
+        record = {k: v for k, v in heldout.items() if k != "step"}
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, "heldout": record, "time": time.time()}) + "\n")
+        self.tb.add_scalar("heldout/acceptance_length", record["acceptance_length"], step)
+        self.tb.add_scalar("heldout/loss", record["loss"], step)
+        for i, acc in enumerate(record["acc"]):
+            self.tb.add_scalar(f"heldout_acc/step{i}", acc, step)
+        self.tb.flush()
+
     def close(self) -> None:
         self.tb.close()
 
@@ -217,8 +242,10 @@ class Trainer:
             self.params, lr=self.cfg.lr, betas=(0.9, 0.95), weight_decay=self.cfg.weight_decay, fused=fused
         )
 
+        train, heldout = split_heldout(load_index(run_dir), self.cfg.heldout_fraction, RunPaths(run_dir).index_path)
+        self.heldout = heldout_rows(heldout, self.cfg.batch_tokens, self.cfg.heldout_max_tokens) if heldout else []
         self.stream = BatchStream(
-            load_index(run_dir),
+            train,
             batch_tokens=self.cfg.batch_tokens,
             seed=self.cfg.seed,
             rank=rank,
@@ -277,6 +304,8 @@ class Trainer:
             state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
             check_resumable(self.checkpoint, state.get("config", {}), self.cfg)
             self.step, self.pos = state["step"], DataPosition(**state["data_position"])
+            if self.cfg.select == "best" and self.rank == 0:  # a kill between latest.json and best.json
+                select_best(self.ckpt_dir)
 
     def _check(self, info: RunInfo, dcfg: DraftConfig, t2d: torch.Tensor) -> None:
         where = f"{self.job.run_dir}/run.json vs {self.job.model_dir}/config.json"
@@ -317,15 +346,20 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     # the step ---------------------------------------------------------------------------------------------------
-    def train_step(self, batch: PackedBatch) -> StepOut:
-        """One optimizer step on one packed batch: target, TTT forward, loss, backward, clip, AdamW, schedule."""
+    def forward_loss(self, net: torch.nn.Module, batch: PackedBatch) -> TTTLoss:
+        """Target distribution, TTT forward through `net`, TTT loss: the step's and the held-out measurement's."""
         c, m = self.cfg, self.model
         target = target_distribution(batch.last_hidden, self.lm_head, m.d2t, m.t2d, c.target_chunk_tokens)
         attend = self.attend_for(batch.doc)
         aux = batch.aux_hidden if self.bf16 else batch.aux_hidden.float()  # [N, K, H]
         with self.autocast():
-            logits = self.net(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
-        out = ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens)
+            logits = net(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
+        return ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens)
+
+    def train_step(self, batch: PackedBatch) -> StepOut:
+        """One optimizer step on one packed batch: target, TTT forward, loss, backward, clip, AdamW, schedule."""
+        c = self.cfg
+        out = self.forward_loss(self.net, batch)
         self.optimizer.zero_grad(set_to_none=True)
         out.total.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip)  # FSDP2: the global norm, a DTensor
@@ -371,7 +405,7 @@ class Trainer:
                         reporter.tokens += last["tokens"]
                         reporter.log(last)
                 if self.step % self.cfg.checkpoint_every == 0 or self.step == self.total_steps:
-                    self._save()
+                    self._save(reporter)
         finally:
             if reporter is not None:
                 reporter.close()
@@ -413,7 +447,24 @@ class Trainer:
             "time": time.time(),
         }
 
-    def _save(self) -> None:
+    @torch.no_grad()
+    def measure_heldout(self) -> dict[str, Any] | None:
+        """The held-out record of the current weights (None without held-out samples): every rank measures all the
+        held-out rows (bounded by train.heldout_max_tokens) through the undistributed draft, so the ranks agree
+        without communication; under FSDP2 each forward all-gathers the weights, a collective all ranks join."""
+        if not self.heldout:
+            return None
+        tally = HeldoutTally(k=min(self.cfg.select_steps, self.cfg.ttt_steps))
+        for row in self.heldout:
+            cpu = read_row([s.path for s in row], self.cfg.batch_tokens)
+            batch = cpu.to(self.device).dequantized()
+            tally.add(self.forward_loss(self.model, batch), batch.num_tokens)
+        if self.fsdp:
+            self.model.reshard()  # type: ignore[operator]  # FSDP2: the root keeps its gathered weights otherwise
+        return {"step": self.step, **tally.record()}
+
+    def _save(self, reporter: Reporter | None = None) -> None:
+        heldout = self.measure_heldout()
         tensors = None  # FSDP2: the all-gathers are collective, every rank takes part; rank 0 writes
         if self.rank == 0 or self.fsdp:
             tensors = gather_tensors(self.model, self.optimizer, keep=self.rank == 0)
@@ -424,6 +475,8 @@ class Trainer:
                 "total_steps": self.total_steps,
                 "config": self.cfg.model_dump(mode="json"),
             }
+            if heldout is not None:
+                state["heldout"] = heldout
             self.checkpoint = save_checkpoint(
                 self.ckpt_dir,
                 self.step,
@@ -433,7 +486,10 @@ class Trainer:
                 state,
                 self.cfg.keep_checkpoints,
                 tensors,
+                self.cfg.select,
             )
+            if heldout is not None and reporter is not None:
+                reporter.log_heldout(heldout)
         else:
             self.checkpoint = step_dir(self.ckpt_dir, self.step)
 

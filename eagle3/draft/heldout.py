@@ -1,0 +1,104 @@
+"""The held-out slice of the store: which samples the trainer never trains on, and how they are measured.
+
+    split_heldout(samples, fraction, index)   -> (train, heldout)      a sample's side follows from its id alone
+    heldout_rows(heldout, batch_tokens, max)  -> rows of samples       the measured ones, packed, in index order
+    HeldoutTally                                                       sums per checkpoint -> the "heldout" record
+
+A sample is held out when sha256(sample_id), read as a number in [0, 1), is below train.heldout_fraction: the
+split is the same on resume, in every process, and when the store grows (a sample never moves between the two
+sides; a larger fraction only adds held-out samples). The trainer measures the held-out rows at every checkpoint
+with its own TTT forward and loss (eagle3/draft/loss.py, no gradient): per-TTT-step accuracy and the
+teacher-forced acceptance length of a k-step chain (`chain_acceptance`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eagle3.draft.data import DataError, Sample
+from eagle3.draft.loss import TTTLoss, chain_acceptance
+
+
+def heldout_score(sample_id: str) -> float:
+    """sha256 of the sample id as a number in [0, 1): the same on every machine and in every process."""
+    return int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big") / 2**64
+
+
+def is_heldout(sample_id: str, fraction: float) -> bool:
+    return heldout_score(sample_id) < fraction
+
+
+def split_heldout(samples: list[Sample], fraction: float, index: Path) -> tuple[list[Sample], list[Sample]]:
+    """(training samples, held-out samples), each in index order. fraction 0: all train, none held out."""
+    if fraction <= 0:
+        return samples, []
+    heldout = [s for s in samples if is_heldout(s.sample_id, fraction)]
+    train = [s for s in samples if not is_heldout(s.sample_id, fraction)]
+    if not heldout:
+        raise DataError(
+            f"{index}: train.heldout_fraction={fraction} holds out none of its {len(samples)} samples; raise the "
+            "fraction or add data (or set train.heldout_fraction: 0 and train.select: last)"
+        )
+    if not train:
+        raise DataError(
+            f"{index}: train.heldout_fraction={fraction} holds out all {len(samples)} samples, leaving none to "
+            "train on; lower the fraction or add data"
+        )
+    return train, heldout
+
+
+def heldout_rows(heldout: list[Sample], batch_tokens: int, max_tokens: int) -> list[list[Sample]]:
+    """The measured held-out samples (the first ones in index order while their tokens, each cut to batch_tokens,
+    stay within max_tokens; at least one), packed in that order into rows of at most batch_tokens."""
+    rows: list[list[Sample]] = []
+    used, room = 0, 0
+    for s in heldout:
+        n = min(s.num_tokens, batch_tokens)
+        if rows and used + n > max_tokens:
+            break
+        used += n
+        if not rows or n > room:
+            rows.append([])
+            room = batch_tokens
+        rows[-1].append(s)
+        room -= n
+    return rows
+
+
+@dataclass
+class HeldoutTally:
+    """Sums over the held-out rows of one checkpoint; `record` is what state.json and metrics.jsonl hold."""
+
+    k: int
+    hits: torch.Tensor | None = None  # [S]
+    labels: torch.Tensor | None = None  # [S]
+    accept: float = 0.0
+    positions: float = 0.0
+    loss: list[float] = field(default_factory=list)
+    tokens: int = 0
+
+    def add(self, out: TTTLoss, tokens: int) -> None:
+        hits, labels = out.step_hits.double().cpu(), out.step_labels.double().cpu()
+        self.hits = hits if self.hits is None else self.hits + hits
+        self.labels = labels if self.labels is None else self.labels + labels
+        a, n = chain_acceptance(out, self.k)
+        self.accept += float(a)
+        self.positions += float(n)
+        self.loss.append(float(out.total.detach()))
+        self.tokens += tokens
+
+    def record(self) -> dict[str, Any]:
+        assert self.hits is not None and self.labels is not None, "no held-out row was measured"
+        return {
+            "acc": [h / max(1.0, n) for h, n in zip(self.hits.tolist(), self.labels.tolist(), strict=True)],
+            "acceptance_length": self.accept / max(1.0, self.positions),
+            "k": self.k,
+            "loss": sum(self.loss) / len(self.loss),
+            "tokens": self.tokens,
+            "positions": int(self.positions),
+        }
