@@ -125,9 +125,11 @@ RESUMABLE_CHANGES = frozenset(
 
 
 def check_resumable(checkpoint: Path, saved: dict[str, Any], cfg: TrainConfig) -> None:
-    """Refuse to resume a checkpoint written under different training settings (names both values)."""
-    now = cfg.model_dump(mode="json")
-    changed = {k: (saved[k], now[k]) for k in saved if k in now and k not in RESUMABLE_CHANGES and saved[k] != now[k]}
+    """Refuse to resume a checkpoint written under different training settings (names both values). A key the
+    checkpoint does not record (written before the key existed) ran with the key's default."""
+    now, default = cfg.model_dump(mode="json"), TrainConfig().model_dump(mode="json")
+    was = {k: saved.get(k, default[k]) for k in now}
+    changed = {k: (was[k], now[k]) for k in now if k not in RESUMABLE_CHANGES and was[k] != now[k]}
     if changed:
         diff = ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in sorted(changed.items()))
         raise TrainError(

@@ -18,7 +18,7 @@ from eagle3.export import export_draft
 from eagle3.promote import export_dir_for
 from eagle3.run_paths import RunPaths
 from eagle3.train.launch import read_heldout_metrics, read_metrics
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.trainer import Trainer, TrainError, TrainJob
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -95,6 +95,22 @@ def test_heldout_metrics_in_state_json_and_metrics_jsonl_equal_a_direct_computat
     assert lines[-1]["heldout"] == {k_: v for k_, v in state.items() if k_ != "step"}
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 13))  # training lines only
     assert "step_acc" not in (tmp_path / "metrics.jsonl").read_text().splitlines()[-1]
+
+
+def test_a_checkpoint_from_before_the_heldout_keys_does_not_resume_with_a_heldout_slice(
+    store: Path, tmp_path: Path
+) -> None:
+    with Trainer.build(job(store, tmp_path, max_steps=2, heldout_fraction=0.0)) as t:
+        t.run()
+    state_json = tmp_path / "checkpoints" / "step-00000002" / "state.json"
+    state = json.loads(state_json.read_text())
+    for key in ("heldout_fraction", "heldout_max_tokens", "select_steps", "select"):  # as written before they existed
+        del state["config"][key]
+    state_json.write_text(json.dumps(state))
+    with pytest.raises(TrainError, match=r"\(heldout_fraction 0\.0 -> 0\.2\); resuming would mix two trainings"):
+        Trainer.build(job(store, tmp_path, max_steps=4))
+    with Trainer.build(job(store, tmp_path, max_steps=4, heldout_fraction=0.0)) as t:  # its own settings resume
+        assert t.step == 2
 
 
 def wreck(t: Trainer) -> None:
