@@ -127,7 +127,7 @@ RESUMABLE_CHANGES = frozenset(
 def check_resumable(checkpoint: Path, saved: dict[str, Any], cfg: TrainConfig) -> None:
     """Refuse to resume a checkpoint written under different training settings (names both values). A key the
     checkpoint does not record (written before the key existed) ran with the key's default."""
-    now, default = cfg.model_dump(mode="json"), TrainConfig().model_dump(mode="json")
+    now, default = cfg.model_dump(mode="json"), TrainConfig.model_validate({}).model_dump(mode="json")
     was = {k: saved.get(k, default[k]) for k in now}
     changed = {k: (was[k], now[k]) for k in now if k not in RESUMABLE_CHANGES and was[k] != now[k]}
     if changed:
