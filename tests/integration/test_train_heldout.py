@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,9 @@ from eagle3.export import export_draft
 from eagle3.promote import export_dir_for
 from eagle3.run_paths import RunPaths
 from eagle3.train.launch import read_heldout_metrics, read_metrics
-from eagle3.train.trainer import Trainer, TrainError, TrainJob
+from eagle3.train.trainer import Trainer, TrainError, TrainJob, write_job
+from tests.integration.test_train import REPO
+from tests.ports import free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -151,3 +156,26 @@ def test_select_best_keeps_and_exports_the_best_checkpoint_through_a_kill_and_a_
     result = export_draft(out, run_dir, store / "target", tmp_path / "export")
     assert result.checkpoint_step == best_step
     assert export_dir_for(run_dir, out).name.startswith(step_dir(root, best_step).name)
+
+
+@pytest.mark.slow
+def test_ddp_and_fsdp_ranks_measure_the_same_heldout_record_and_keep_training(store: Path, tmp_path: Path) -> None:
+    records, losses = {}, {}
+    for parallel in ("ddp", "fsdp"):
+        out = tmp_path / parallel
+        path = tmp_path / f"{parallel}-job.json"
+        write_job(path, job(store, out, max_steps=6, checkpoint_every=3, parallel=parallel, select="best"))
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), "-m", "eagle3.train.worker", str(path)]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        losses[parallel] = [r["loss"] for r in read_metrics(out / "metrics.jsonl")]
+        assert len(losses[parallel]) == 6
+        records[parallel] = {r["step"]: r["heldout"] for r in read_heldout_metrics(out / "metrics.jsonl")}
+        assert sorted(records[parallel]) == [3, 6] and read_best(out / "checkpoints") is not None
+    assert losses["fsdp"] == pytest.approx(losses["ddp"], rel=1e-6)  # the measurement leaves FSDP2 training intact
+    for step in (3, 6):
+        a, b = records["ddp"][step], records["fsdp"][step]
+        assert a["tokens"] == b["tokens"] and a["acc"] == pytest.approx(b["acc"], abs=1e-9)
+        assert a["acceptance_length"] == pytest.approx(b["acceptance_length"], abs=1e-9)
