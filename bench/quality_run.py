@@ -19,9 +19,10 @@ ROOT's prompts, prepared and synthesized data (nothing regenerated) and runs ext
     python bench/quality_run.py --root /tmp/v8 --config ... --reuse-data /tmp/v --set extract.store_dtype=float8_e4m3
 
 `--train-name NAME` trains a variant of an extracted store (another seed, learning rate or TTT length) into
-run/train-NAME beside the first, with no second store. `--until train` stops after training; `--eval-only NAME[,NAME]` evaluates only those sets (several processes can
-evaluate one draft at once, each writing eval/offline-<names>.json); `--checkpoint N` evaluates step N's
-checkpoint instead of the last (an epoch curve). Prints one JSON line per stage and a final table.
+run/train-NAME beside the first, with no second store. `--until train` stops after training; `--eval-only
+NAME[,NAME]` evaluates only those sets (several processes can evaluate one draft at once, each writing
+eval/offline-<names>.json); `--checkpoint N` evaluates step N's checkpoint instead of the last (an epoch curve).
+Prints one JSON line per stage and a final table.
 """
 
 from __future__ import annotations
@@ -91,14 +92,16 @@ def template_overrides(args: argparse.Namespace, root: Path, cuda: bool) -> list
     train = {"epochs": args.epochs, "lr": args.lr, "warmup_steps": 20, "ttt_steps": args.ttt_steps,
              "batch_tokens": args.batch_tokens, "log_every": 20, "checkpoint_every": args.checkpoint_every,
              "min_lr_ratio": 0.1, **({"max_steps": 4, "batch_tokens": 512} if args.tiny else {})}  # fmt: skip
-    return [
-        "stages=[prepare, synthesize, extract, convert, train, evaluate]",
-        f"data={json.dumps({'dataset': str(root / 'prompts' / 'train.jsonl'), 'max_length': 1024, 'shard_size': 1000})}",
-        f"synthesize={json.dumps({'max_new_tokens': args.max_new_tokens, 'batch_size': args.synth_batch if cuda else 8})}",
-        f"extract.store_dtype={args.store_dtype}",
-        f"train={json.dumps(train)}",
-        f"evaluate={json.dumps({'sets': sets, 'draft_steps': args.draft_steps, 'compare_steps': [args.draft_steps], 'max_new_tokens': args.eval_new_tokens})}",
-    ]  # fmt: skip
+    sections = {
+        "stages": ["prepare", "synthesize", "extract", "convert", "train", "evaluate"],
+        "data": {"dataset": str(root / "prompts" / "train.jsonl"), "max_length": 1024, "shard_size": 1000},
+        "synthesize": {"max_new_tokens": args.max_new_tokens, "batch_size": args.synth_batch if cuda else 8},
+        "extract": {"store_dtype": args.store_dtype},
+        "train": train,
+        "evaluate": {"sets": sets, "draft_steps": args.draft_steps, "compare_steps": [args.draft_steps],
+                     "max_new_tokens": args.eval_new_tokens},
+    }  # fmt: skip
+    return [f"{key}={json.dumps(value)}" for key, value in sections.items()]
 
 
 def build_config(args: argparse.Namespace, root: Path, cuda: bool) -> PipelineConfig:
