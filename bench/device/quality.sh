@@ -10,8 +10,8 @@ set +x
 R=${1:-/tmp/q}; L=$R/logs; mkdir -p "$L"
 export PYTHONPATH=$PYTHONPATH:$PWD/bench TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 Q="${PY:-python3} bench/quality_run.py --config configs/varied-corpus.yaml --data-dir /tmp/qdata"
-DATA="--set prompts.self_instruct=${SELF_INSTRUCT:-2500} --set synthesize.samples_per_prompt=2 --set synthesize.user_turns=0
- --set synthesize.batch_size=${SYNTH_BATCH:-2048} --set data.shard_size=1000"
+DATA="--set prompts.self_instruct=${SELF_INSTRUCT:-3000} --set synthesize.samples_per_prompt=2 --set synthesize.user_turns=0
+ --set synthesize.batch_size=${SYNTH_BATCH:-1024} --set data.shard_size=1000"
 TRAIN="--set train.max_steps=null --set train.epochs=${EPOCHS:-10} --set train.batch_tokens=16384 --set train.lr=1e-3
  --set train.warmup_steps=50 --set train.min_lr_ratio=0.1 --set train.ttt_steps=7 --set train.draft_vocab_size=32000
  --set train.checkpoint_every=50 --set train.keep_checkpoints=2 --set train.log_every=20
