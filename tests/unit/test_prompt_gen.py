@@ -12,7 +12,7 @@ from eagle3.config import ConfigError, EvaluateConfig, PipelineConfig, Synthesiz
 from eagle3.dedup import NearDuplicates, dedup, normalize, shingles
 from eagle3.generate_client import GenerationClient
 from eagle3.prompt_gen import eval_prompt_texts, load_grid, pick_cells, prompt_text
-from eagle3.row_sampler import RowSampler
+from eagle3.row_sampler import RowSampler, uniforms
 from eagle3.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, sample_keys, turn_prompt
 from eagle3.user_turns import clean_user_text, sample_seed
 
@@ -197,3 +197,28 @@ class _NoServer:
         return False
 
     def restart(self, reason: str) -> None: ...
+
+
+def test_row_sampler_draws_follow_the_distribution_and_the_top_p_cut() -> None:
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.06, 0.04]))
+    n = 20000
+    scores = logits.expand(n, -1).clone()
+    sampling = [(1.0, sample_seed(0, f"s{i}", 0)) for i in range(n)]
+    drawn = RowSampler(sampling, 1.0, "cpu")(torch.zeros(n, 1), scores).argmax(-1)
+    freq = torch.bincount(drawn, minlength=5).double() / n
+    assert torch.allclose(freq, logits.exp().double(), atol=0.015), freq  # 4-5 standard errors at n=20000
+    nucleus = RowSampler(sampling, 0.7, "cpu")(torch.zeros(n, 1), scores).argmax(-1)
+    assert set(nucleus.tolist()) == {0, 1}  # 0.5 + 0.25 reaches 0.7: nothing outside those two
+    assert abs(float((nucleus == 0).double().mean()) - 2 / 3) < 0.015  # renormalized within the nucleus
+
+
+def test_row_sampler_draws_depend_on_seed_and_step_only() -> None:
+    scores = torch.randn(1, 64, generator=torch.Generator().manual_seed(1)).expand(200, -1).clone()
+    sampler = RowSampler([(1.0, seed) for seed in range(200)], 1.0, "cpu")
+    first = sampler(torch.zeros(200, 1), scores).argmax(-1)
+    second = sampler(torch.zeros(200, 1), scores).argmax(-1)  # the next decode step
+    assert (first != second).any()
+    again = RowSampler([(1.0, seed) for seed in range(200)], 1.0, "cpu")
+    assert torch.equal(again(torch.zeros(200, 1), scores).argmax(-1), first)
+    u = uniforms(torch.arange(100000, dtype=torch.long), 3)
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0 and abs(float(u.mean()) - 0.5) < 0.005
