@@ -384,6 +384,11 @@ class TrainConfig(StrictModel):
     select_steps: int = Field(
         3, gt=0, le=16, description="Chain length k of the held-out acceptance length (capped at ttt_steps)."
     )
+    data_fraction: float = Field(
+        1.0, gt=0.0, le=1.0,
+        description="Train on this fraction of the (not held-out) samples, chosen by the same sample-id hash: a "
+        "smaller fraction's samples are a subset of a larger one's (data-size curves on one store). 1: all.",
+    )  # fmt: skip
     select: Literal["last", "best"] = Field(
         "last",
         description="Which checkpoint is the trained draft (export, evaluate, promotion). `last`: the latest. "

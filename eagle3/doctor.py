@@ -188,7 +188,11 @@ def _check_server(
     parity_max_gb: float,
 ) -> None:
     server = SGLangServer(
-        cfg.server, model_dir, dump_dir=dump_dir, layers=layers, log_dir=RunPaths(cfg.run_dir).doctor_log_dir,
+        cfg.server,
+        model_dir,
+        dump_dir=dump_dir,
+        layers=layers,
+        log_dir=RunPaths(cfg.run_dir).doctor_log_dir,
         base_env=env,
     )
     try:

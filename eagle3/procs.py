@@ -98,8 +98,11 @@ def identity(pid: int) -> ProcIdentity | None:
 def is_same(ident: ProcIdentity) -> bool:
     """The pid still runs the process of `ident` (a zombie counts as gone)."""
     now = identity(ident.pid)
-    return now is not None and now.start_ticks == ident.start_ticks and now.cmdline == ident.cmdline and not (
-        is_zombie(ident.pid)
+    return (
+        now is not None
+        and now.start_ticks == ident.start_ticks
+        and now.cmdline == ident.cmdline
+        and not (is_zombie(ident.pid))
     )
 
 

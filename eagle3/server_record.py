@@ -135,5 +135,5 @@ def port_taken_message(port: int, host: str, holders: list[tuple[int | None, str
         f"{host}:{port} could not listen there. Either set {setting} to a free port, or, to use the server "
         f"already there, set server.url (server.servers[].url for one of several) to http://{host}:{port} "
         "(a server launched with this run's layers and --disable-radix-cache). A server left by a killed run: "
-        f"stop it (docs/operations.md, \"Servers\"), e.g. `kill -- -$(ps -o pgid= -p PID)`."
+        f'stop it (docs/operations.md, "Servers"), e.g. `kill -- -$(ps -o pgid= -p PID)`.'
     )

@@ -18,12 +18,12 @@ def runs_of(root: Path) -> list[dict[str, Any]]:
     out = []
     for path in sorted(root.glob("*/run/eval/offline-*.json")):
         store = path.parts[-4]
-        tag = path.stem.removeprefix("offline-")
+        tag = path.stem.removeprefix("offline-")  # <set>[-<train variant>][-step<N>]
         step = re.search(r"-step(\d+)$", tag)
-        variant = next((v for v in ("seed1", "ttt3", "lr3e-4") if tag.endswith(f"-{v}")), None)
         for r in json.loads(path.read_text())["runs"]:
+            variant = tag.removeprefix(r["set_name"]).removesuffix(step.group(0) if step else "").lstrip("-")
             out.append({
-                "draft": store if variant is None else f"{store}/{variant}",
+                "draft": f"{store}/{variant}" if variant else store,
                 "step": int(step.group(1)) if step else None,
                 "set": r["set_name"], "k": r["steps"], "prompts": r["num_prompts"],
                 "tau": r["acceptance_length"],
@@ -70,6 +70,17 @@ def main() -> None:
             sd = f"{seed['tau'] - a['tau']:+.3f}" if seed else "-"
             print(f"| {s} | {k} | {a['tau']:.3f} | {b['tau']:.3f} | {b['tau'] - a['tau']:+.3f} | "
                   f"{', '.join('-' if x is None else f'{x:+.3f}' for x in d)} | {sd} |")  # fmt: skip
+    variants = sorted({d for (d, _, _) in by if d not in ("bf16", "fp8")})
+    if variants and ("bf16", "varied", 3) in by:
+        print("\n### Training choices (k=3; each against the bf16 draft of the same run)\n")
+        print("| draft | varied | Δ | HumanEval | Δ |")
+        print("|---|---:|---:|---:|---:|")
+        for d in variants:
+            cells = []
+            for s in ("varied", "humaneval"):
+                r, base = by.get((d, s, 3)), by.get(("bf16", s, 3))
+                cells += [f"{r['tau']:.3f}", f"{r['tau'] - base['tau']:+.3f}"] if r and base else ["-", "-"]
+            print(f"| {d} | " + " | ".join(cells) + " |")
     curve = sorted((r for r in runs if r["step"] is not None), key=lambda r: r["step"])
     if curve:
         print("\n### Epoch curve: the bf16 draft's checkpoints on the varied set (k=3)\n")
@@ -81,14 +92,21 @@ def main() -> None:
         if final:
             print(f"| final | {final['tau']:.3f} | {fmt_rates(final['rates'])} |")
     print("\n### Training accuracy (mean of the last 5 logged windows) vs held-out acceptance per position\n")
-    print("| draft | steps | training accuracy by TTT step | varied set, k=3: per-position acceptance |")
-    print("|---|---:|---|---|")
+    print("| draft | steps | training accuracy by TTT step | held-out slice (train.heldout_fraction): acceptance "
+          "length, accuracy by TTT step | varied set, k=3: per-position acceptance |")  # fmt: skip
+    print("|---|---:|---|---|---|")
     for metrics in sorted(root.glob("*/run/train*/metrics.jsonl")):
         store, train = metrics.parts[-4], metrics.parts[-2]
         draft = store if train == "train" else f"{store}/{train.removeprefix('train-')}"
         step, acc = train_acc(metrics)
         held = by.get((draft, "varied", 3))
-        print(f"| {draft} | {step} | {fmt_rates(acc)} | {fmt_rates(held['rates']) if held else '-'} |")
+        lines = [json.loads(line) for line in metrics.read_text().splitlines() if '"heldout"' in line]
+        sliced = (
+            f"{lines[-1]['heldout']['acceptance_length']:.3f}; {fmt_rates(lines[-1]['heldout']['acc'])}"
+            if lines
+            else "-"
+        )
+        print(f"| {draft} | {step} | {fmt_rates(acc)} | {sliced} | {fmt_rates(held['rates']) if held else '-'} |")
     cats = by.get(("bf16", "varied", 3))
     if cats and cats["categories"]:
         print("\n### bf16 draft, varied set by category (k=3)\n")

@@ -2,6 +2,7 @@
 # the pipeline's own stages (configs/varied-corpus.yaml through bench/quality_run.py), then drafts trained on the
 # same data: bf16 store, FP8 store, and one variant per training choice, each evaluated on the config's sets.
 # Usage: bash bench/device/quality.sh ROOT   (logs in ROOT/logs, a line per finished step in ROOT/steps)
+# Env: SELF_INSTRUCT (3000), EPOCHS (10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below)
 # A CPU rehearsal: NO_WHEELS=1 PY=.venv/bin/python QEXTRA='--tiny --set ...' bash bench/device/quality.sh /tmp/qr
 # The device tool ends a call's processes when it returns; q_start.sh runs this under setsid so that it goes on
 # between calls, and q_poll.sh watches it.
@@ -21,34 +22,39 @@ step start
 $Q --root $R/bf16 $DATA $TRAIN --until convert > $L/bf16-data.log 2>&1 || { step FAILED bf16-data; exit 1; }
 step data
 # the bf16 and FP8 drafts train at once (same data, same seed); the FP8 store is extracted while bf16 trains
+FP8_STORE="--reuse-data $R/bf16 --set extract.store_dtype=float8_e4m3"
+DRAFTS="bf16"; [ "${FP8:-1}" = 1 ] && DRAFTS="bf16 fp8"
 $Q --root $R/bf16 $DATA $TRAIN --set train.keep_checkpoints=100 --until train > $L/bf16-train.log 2>&1 & a=$!
-$Q --root $R/fp8 $DATA $TRAIN --reuse-data $R/bf16 --set extract.store_dtype=float8_e4m3 --until train > $L/fp8-train.log 2>&1 & b=$!
-wait $a || step FAILED bf16-train; wait $b || step FAILED fp8-train
-step trained bf16 fp8
+b=""; [ "${FP8:-1}" = 1 ] && { $Q --root $R/fp8 $DATA $TRAIN $FP8_STORE --until train > $L/fp8-train.log 2>&1 & b=$!; }
+wait $a || step FAILED bf16-train; [ -z "$b" ] || wait $b || step FAILED fp8-train
+step trained $DRAFTS
 # evaluation (launch-bound, one process per set) beside the training-choice variants (GPU-bound)
-for v in bf16 fp8; do
-  extra=""; [ $v = fp8 ] && extra="--reuse-data $R/bf16 --set extract.store_dtype=float8_e4m3"
+for v in $DRAFTS; do
+  extra=""; [ $v = fp8 ] && extra=$FP8_STORE
   for s in varied humaneval template-held-out; do
     $Q --root $R/$v $DATA $TRAIN $extra --eval-only $s > $L/$v-eval-$s.log 2>&1 &
   done
 done
-# training choices: another seed (the noise floor), TTT length and learning rate train on the bf16 store itself
-# (run/train-NAME); the draft vocabulary changes the convert stage, so it gets a store of its own
-declare -A VARIANT=([seed1]="--set train.seed=1" [ttt3]="--set train.ttt_steps=3" [lr3e-4]="--set train.lr=3e-4")
+# training choices: another seed (the noise floor), a quarter and half of the data (nested hash-chosen subsets,
+# the same epochs), TTT length and learning rate train on the bf16 store itself (run/train-NAME); the draft
+# vocabulary changes the convert stage, so it gets a store of its own. VARIANTS picks them, in this order.
+declare -A VARIANT=([seed1]="--set train.seed=1" [frac25]="--set train.data_fraction=0.25"
+                    [frac50]="--set train.data_fraction=0.5" [ttt3]="--set train.ttt_steps=3"
+                    [lr3e-4]="--set train.lr=3e-4" [vocab8k]="--set train.draft_vocab_size=8192 --reuse-data $R/bf16")
+variant() {  # NAME: the arguments that train and evaluate it
+  if [ "$1" = vocab8k ]; then echo "--root $R/vocab8k ${VARIANT[$1]}"; else echo "--root $R/bf16 ${VARIANT[$1]} --train-name $1"; fi
+}
 pids=()
-for v in "${!VARIANT[@]}"; do
-  $Q --root $R/bf16 $DATA $TRAIN ${VARIANT[$v]} --train-name $v --until train > $L/$v-train.log 2>&1 & pids+=($!)
+for v in ${VARIANTS-seed1 frac25 frac50 ttt3 lr3e-4 vocab8k}; do
+  $Q $DATA $TRAIN $(variant $v) --until train > $L/$v-train.log 2>&1 & pids+=($!)
 done
-VOCAB="--set train.draft_vocab_size=8192 --reuse-data $R/bf16"
-$Q --root $R/vocab8k $DATA $TRAIN $VOCAB --until train > $L/vocab8k-train.log 2>&1 & pids+=($!)
 for p in "${pids[@]}"; do wait $p; done
 step trained variants
 K3="--set evaluate.compare_steps=[3]"
 for s in varied humaneval; do
-  for v in "${!VARIANT[@]}"; do
-    $Q --root $R/bf16 $DATA $TRAIN ${VARIANT[$v]} --train-name $v $K3 --eval-only $s > $L/$v-eval-$s.log 2>&1 &
+  for v in ${VARIANTS-seed1 frac25 frac50 ttt3 lr3e-4 vocab8k}; do
+    $Q $DATA $TRAIN $(variant $v) $K3 --eval-only $s > $L/$v-eval-$s.log 2>&1 &
   done
-  $Q --root $R/vocab8k $DATA $TRAIN $VOCAB $K3 --eval-only $s > $L/vocab8k-eval-$s.log 2>&1 &
 done
 # the epoch curve: earlier checkpoints of the bf16 draft on the varied set
 last=$(${PY:-python3} -c "import json;print(json.load(open('$R/bf16/run/train/checkpoints/latest.json'))['step'])")

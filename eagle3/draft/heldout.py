@@ -1,6 +1,6 @@
 """The held-out slice of the store: which samples the trainer never trains on, and how they are measured.
 
-    split_heldout(samples, fraction, index)   -> (train, heldout)      a sample's side follows from its id alone
+    split_heldout(samples, fraction, index[, data_fraction]) -> (train, heldout)   a sample's side: its id alone
     heldout_rows(heldout, batch_tokens, max)  -> rows of samples       the measured ones, packed, in index order
     HeldoutTally                                                       sums per checkpoint -> the "heldout" record
 
@@ -33,21 +33,32 @@ def is_heldout(sample_id: str, fraction: float) -> bool:
     return heldout_score(sample_id) < fraction
 
 
-def split_heldout(samples: list[Sample], fraction: float, index: Path) -> tuple[list[Sample], list[Sample]]:
-    """(training samples, held-out samples), each in index order. fraction 0: all train, none held out."""
-    if fraction <= 0:
+def split_heldout(
+    samples: list[Sample], fraction: float, index: Path, data_fraction: float = 1.0
+) -> tuple[list[Sample], list[Sample]]:
+    """(training samples, held-out samples), each in index order. fraction 0: none held out. data_fraction < 1
+    trains on the samples whose score lies in the first data_fraction of the range above `fraction`: nested (a
+    smaller fraction's samples are in every larger one's), never a held-out sample."""
+    if fraction <= 0 and data_fraction >= 1:
         return samples, []
     heldout = [s for s in samples if is_heldout(s.sample_id, fraction)]
-    train = [s for s in samples if not is_heldout(s.sample_id, fraction)]
-    if not heldout:
+    rest = [s for s in samples if not is_heldout(s.sample_id, fraction)]
+    if fraction > 0 and not heldout:
         raise DataError(
             f"{index}: train.heldout_fraction={fraction} holds out none of its {len(samples)} samples; raise the "
             "fraction or add data (or set train.heldout_fraction: 0 and train.select: last)"
         )
-    if not train:
+    if not rest:
         raise DataError(
             f"{index}: train.heldout_fraction={fraction} holds out all {len(samples)} samples, leaving none to "
             "train on; lower the fraction or add data"
+        )
+    cut = fraction + (1.0 - fraction) * data_fraction
+    train = rest if data_fraction >= 1 else [s for s in rest if heldout_score(s.sample_id) < cut]
+    if not train:
+        raise DataError(
+            f"{index}: train.data_fraction={data_fraction} keeps none of its {len(rest)} training samples; raise "
+            "the fraction or add data"
         )
     return train, heldout
 

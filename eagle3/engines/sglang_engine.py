@@ -225,9 +225,7 @@ class SGLangEngine:
         n = len(sample.input_ids)
         proto.write_request(
             self.dump_dir,
-            proto.RequestInfo(
-                rid, sample.sample_id, n, self.info.aux_layers, list(sample.loss_mask), self.store_dtype
-            ),
+            proto.RequestInfo(rid, sample.sample_id, n, self.info.aux_layers, list(sample.loss_mask), self.store_dtype),
         )
         body = {"input_ids": list(sample.input_ids), "rid": rid, "sampling_params": {"max_new_tokens": 0}}
         try:

@@ -244,7 +244,8 @@ class Trainer:
             self.params, lr=self.cfg.lr, betas=(0.9, 0.95), weight_decay=self.cfg.weight_decay, fused=fused
         )
 
-        train, heldout = split_heldout(load_index(run_dir), self.cfg.heldout_fraction, RunPaths(run_dir).index_path)
+        c, index = self.cfg, RunPaths(run_dir).index_path
+        train, heldout = split_heldout(load_index(run_dir), c.heldout_fraction, index, c.data_fraction)
         self.heldout = heldout_rows(heldout, self.cfg.batch_tokens, self.cfg.heldout_max_tokens) if heldout else []
         self.stream = BatchStream(
             train,

@@ -182,4 +182,3 @@ def test_cancelling_the_flow_run_through_the_api_stops_its_server(
     finally:
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait(30)
-

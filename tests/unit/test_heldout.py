@@ -126,3 +126,18 @@ def test_a_best_json_whose_directory_went_is_replaced_by_the_best_complete_one(t
     assert select_best(root) == second and read_best(root) == (200, second)
     fake_checkpoint(root, 300, None)  # a checkpoint without held-out metrics is never the best
     assert select_best(root) == second
+
+
+def test_data_fractions_are_nested_subsets_of_the_training_side_and_never_hold_out_samples() -> None:
+    store = samples(4000)
+    full, held = split_heldout(store, 0.05, INDEX)
+    quarter, held_q = split_heldout(store, 0.05, INDEX, data_fraction=0.25)
+    half, _ = split_heldout(store, 0.05, INDEX, data_fraction=0.5)
+    assert held_q == held  # the held-out side does not move
+    assert set(ids(quarter)) < set(ids(half)) < set(ids(full))
+    assert 0.2 < len(quarter) / len(full) < 0.3 and 0.45 < len(half) / len(full) < 0.55
+    assert ids(quarter) == [s.sample_id for s in full if s in quarter]  # index order kept
+    plain_half, none_held = split_heldout(store, 0.0, INDEX, data_fraction=0.5)
+    assert none_held == [] and 0.45 < len(plain_half) / len(store) < 0.55
+    with pytest.raises(DataError, match=r"train.data_fraction=1e-09 keeps none of its 3 training samples"):
+        split_heldout(samples(3), 0.0, INDEX, data_fraction=1e-9)
