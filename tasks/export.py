@@ -28,8 +28,9 @@ def serve_command(model_dir: str, run_dir: str, steps: int) -> str:
 
 @task(name="export", retries=0, timeout_seconds=EXPORT_TIMEOUT_S, cache_policy=NO_CACHE)
 def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
-    """`<run_dir>/draft/exports/<checkpoint>-<sha>/` from the latest checkpoint of `<run_dir>/train/`, and
-    `draft/latest` pointed at it; the same checkpoint again: no work."""
+    """`<run_dir>/draft/exports/<checkpoint>-<sha>/` from the trained draft of `<run_dir>/train/` (its best
+    checkpoint with train.select: best, else its latest), and `draft/latest` pointed at it; the same checkpoint
+    again: no work."""
     logger = get_run_logger()
     run_dir, train_dir = Path(config.run_dir), RunPaths(config.run_dir).train.root
     out = export_dir_for(run_dir, train_dir)
