@@ -68,13 +68,19 @@ def read_state(ckpt: Path) -> dict[str, Any]:
     return read_json(Path(ckpt) / STATE)  # type: ignore[no-any-return]
 
 
-def read_latest(root: Path) -> tuple[int, Path] | None:
-    """(step, directory) that `root`/latest.json names (the directory may since have gone), None without one."""
-    path = Path(root) / LATEST
+def _read_pointer(root: Path, name: str) -> tuple[int, Path] | None:
+    """(step, directory) that `root`/`name` (latest.json, best.json) names (the directory may since have gone),
+    None without one."""
+    path = Path(root) / name
     if not path.is_file():
         return None
-    latest = read_json(path)
-    return int(latest["step"]), Path(root) / latest["dir"]
+    pointer = read_json(path)
+    return int(pointer["step"]), Path(root) / pointer["dir"]
+
+
+def read_latest(root: Path) -> tuple[int, Path] | None:
+    """(step, directory) that `root`/latest.json names, None without one."""
+    return _read_pointer(root, LATEST)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
@@ -211,12 +217,8 @@ def _best_on_disk(root: Path) -> Path | None:
 
 
 def read_best(root: Path) -> tuple[int, Path] | None:
-    """(step, directory) that `root`/best.json names (the directory may since have gone), None without one."""
-    path = Path(root) / BEST
-    if not path.is_file():
-        return None
-    best = read_json(path)
-    return int(best["step"]), Path(root) / best["dir"]
+    """(step, directory) that `root`/best.json names, None without one."""
+    return _read_pointer(root, BEST)
 
 
 def select_best(root: Path) -> Path | None:

@@ -11,23 +11,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import read_best, read_latest, read_state, resolve_checkpoint, step_dir
 from eagle3.draft.data import load_index, read_row
 from eagle3.draft.heldout import split_heldout
 from eagle3.draft.loss import target_distribution
-from eagle3.draft.synthetic import SyntheticSpec, write_run
+from eagle3.draft.synthetic import write_run
 from eagle3.export import export_draft
 from eagle3.promote import export_dir_for
 from eagle3.run_paths import RunPaths
 from eagle3.train.launch import read_heldout_metrics, read_metrics
 from eagle3.train.trainer import Trainer, TrainError, TrainJob, write_job
-from tests.integration.test_train import REPO
+from tests.integration import test_train
+from tests.integration.test_train import REPO, SPEC
 from tests.ports import free_port
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-SPEC = SyntheticSpec(lengths=tuple([24, 40, 33, 17, 48, 29, 36, 21] * 4))
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +36,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def job(store: Path, out: Path, **train: object) -> TrainJob:
-    base: dict[str, object] = {"batch_tokens": 128, "max_steps": 8, "lr": 3e-3, "warmup_steps": 2, "ttt_steps": 3,
-                               "draft_vocab_size": 96, "precision": "fp32", "log_every": 1, "checkpoint_every": 100,
-                               "loader_threads": 2, "prefetch_batches": 2, "heldout_fraction": 0.2}  # fmt: skip
-    return TrainJob(train=TrainConfig.model_validate({**base, **train}), run_dir=str(store / "store"),
-                    model_dir=str(store / "target"), out_dir=str(out), device="cpu")  # fmt: skip
+    """test_train's job, with a fifth of the store held out unless a test says otherwise."""
+    return test_train.job(store, out, **{"heldout_fraction": 0.2, **train})
 
 
 def test_training_never_reads_a_heldout_sample_and_the_steps_count_only_the_rest(store: Path, tmp_path: Path) -> None:
