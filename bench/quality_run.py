@@ -41,16 +41,15 @@ from quality_prompts import HELDOUT_TOPICS, TEMPLATES, TOPICS, build, write
 from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig, load_config
 from eagle3.convert import convert
-from eagle3.draft.checkpoint import resolve_checkpoint
+from eagle3.draft.checkpoint import resolve_checkpoint, step_dir
 from eagle3.engines import build_engine
-from eagle3.evaluate.offline import load_eval_sets, offline_dtype, offline_sets
+from eagle3.evaluate.offline import evaluate_offline, load_eval_sets
 from eagle3.extract import extract_shard, open_run
-from eagle3.fsio import atomic_write_json
 from eagle3.model_files import resolve_model
 from eagle3.prepare import prepare
 from eagle3.progress import Progress
 from eagle3.prompt_gen import build_prompts, corpus_path
-from eagle3.run_paths import TrainPaths
+from eagle3.run_paths import RunPaths, TrainPaths
 from eagle3.store import RunStore
 from eagle3.synthesize import synthesize
 from eagle3.train.trainer import Trainer, TrainJob
@@ -236,16 +235,14 @@ def evaluate(cfg: PipelineConfig, args: argparse.Namespace, model_dir: Path, out
         sets = [s for s in sets if s.name in names]
         if len(sets) != len(names):
             raise SystemExit(f"--eval-only {args.eval_only}: the config's sets are {[s.name for s in sets]}")
-    checkpoint = out if args.checkpoint is None else TrainPaths(out).checkpoints_dir / f"step-{args.checkpoint:08d}"
-    info = RunStore(cfg.run_dir).require_run_info("evaluate needs the extracted store")
-    ev = offline_sets(
-        model_dir, resolve_checkpoint(checkpoint), info.aux_layers, sets, chain_lengths=cfg.evaluate.chain_lengths(),
-        max_new_tokens=cfg.evaluate.max_new_tokens, device=cfg.evaluate.device,
-        dtype=offline_dtype(cfg.evaluate, info.dtype), progress=printer(),
-    )  # fmt: skip
+    checkpoint = out if args.checkpoint is None else step_dir(TrainPaths(out).checkpoints_dir, args.checkpoint)
     tag = "-".join([*(s.name for s in sets), *([args.train_name] if args.train_name else [])])
     tag += "" if args.checkpoint is None else f"-step{args.checkpoint}"
-    atomic_write_json(Path(cfg.run_dir) / "eval" / f"offline-{tag}.json", ev.model_dump(mode="json"))
+    run_dir = Path(cfg.run_dir)
+    ev = evaluate_offline(
+        cfg.evaluate, run_dir, model_dir, resolve_checkpoint(checkpoint), sets=sets, progress=printer(),
+        out=RunPaths(run_dir).offline_eval_json.with_name(f"offline-{tag}.json"),
+    )  # fmt: skip
     return {
         f"{r.set_name} k={r.steps}": {
             "prompts": r.num_prompts,

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eagle3.train.launch import read_heldout_metrics, read_metrics
+
 
 def runs_of(root: Path) -> list[dict[str, Any]]:
     """Every (draft, set, k) result of the eval/offline-*.json files: draft = root name [/ train variant]."""
@@ -41,7 +43,7 @@ def fmt_rates(rates: list[float | None]) -> str:
 
 def train_acc(metrics: Path, last: int = 5) -> tuple[int, list[float]]:
     """The final step and the mean per-position accuracy of the last `last` logged windows."""
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if '"step_acc"' in line]
+    rows = read_metrics(metrics)
     tail = rows[-last:]
     n = len(tail[0]["step_acc"])
     return rows[-1]["step"], [sum(r["step_acc"][i] for r in tail) / len(tail) for i in range(n)]
@@ -100,12 +102,9 @@ def main() -> None:
         draft = store if train == "train" else f"{store}/{train.removeprefix('train-')}"
         step, acc = train_acc(metrics)
         held = by.get((draft, "varied", 3))
-        lines = [json.loads(line) for line in metrics.read_text().splitlines() if '"heldout"' in line]
-        sliced = (
-            f"{lines[-1]['heldout']['acceptance_length']:.3f}; {fmt_rates(lines[-1]['heldout']['acc'])}"
-            if lines
-            else "-"
-        )
+        measured = read_heldout_metrics(metrics)
+        last = measured[-1]["heldout"] if measured else None
+        sliced = f"{last['acceptance_length']:.3f}; {fmt_rates(last['acc'])}" if last else "-"
         print(f"| {draft} | {step} | {fmt_rates(acc)} | {sliced} | {fmt_rates(held['rates']) if held else '-'} |")
     cats = by.get(("bf16", "varied", 3))
     if cats and cats["categories"]:

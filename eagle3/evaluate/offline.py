@@ -484,8 +484,9 @@ def read_offline_result(run_dir: Path) -> OfflineEvalResult | None:
     return read_record(path, OfflineEvalResult)
 
 
-def write_offline_result(run_dir: Path, result: OfflineEvalResult) -> Path:
-    path = RunPaths(run_dir).offline_eval_json
+def write_offline_result(run_dir: Path, result: OfflineEvalResult, path: Path | None = None) -> Path:
+    """`path` (default <run_dir>/eval/offline.json), atomically."""
+    path = RunPaths(run_dir).offline_eval_json if path is None else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, result.model_dump(mode="json"))
     return path
@@ -499,10 +500,11 @@ def evaluate_offline(
     *,
     sets: Sequence[EvalPrompts] | None = None,
     progress: ProgressFn = no_progress,
+    out: Path | None = None,
 ) -> OfflineEvalResult:
     """The evaluate stage's offline part: the evaluation sets (`sets`, else cfg.eval_sets() read), each at every
-    chain length of cfg.chain_lengths(), on cfg.device, the target in cfg.offline_dtype, written to
-    <run_dir>/eval/offline.json."""
+    chain length of cfg.chain_lengths(), on cfg.device, the target in cfg.offline_dtype, written to `out`
+    (default <run_dir>/eval/offline.json)."""
     info = RunStore(run_dir).require_run_info("evaluate needs the run directory the draft was trained from")
     if sets is None:
         sets = load_eval_sets(cfg, ChatTokenizer.from_model_dir(Path(model_dir)))
@@ -517,5 +519,5 @@ def evaluate_offline(
         dtype=offline_dtype(cfg, info.dtype),
         progress=progress,
     )
-    write_offline_result(run_dir, result)
+    write_offline_result(run_dir, result, out)
     return result
