@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,38 @@ def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) ->
 
     model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     return model.to(device).eval()
+
+
+_hint = threading.local()
+_hint_lock = threading.Lock()
+
+
+@contextmanager
+def rows_not_packed() -> Iterator[None]:
+    """Inside: transformers' packed-sequence check answers "not packed" without looking, for this thread only.
+
+    For a forward without an attention mask, transformers (masking_utils.find_packed_sequence_indices) looks for
+    several sequences packed in one row by reading a device value: the host waits for the GPU once per batch, so
+    it cannot launch the next batch while this one runs (docs/performance.md, FP8 store). Our rows are single
+    sequences (positions 0..S-1, right padding), for which the check's answer is always None; we give it without
+    the read. Installed once per process, a no-op in other threads and outside the block, and nothing at all with a
+    transformers that has no such function."""
+    import transformers.masking_utils as mu
+
+    with _hint_lock:
+        check = getattr(mu, "find_packed_sequence_indices", None)
+        if check is not None and not getattr(check, "eagle3_hint", False):
+
+            def find_packed_sequence_indices(position_ids: torch.Tensor) -> torch.Tensor | None:
+                return None if getattr(_hint, "unpacked", False) else check(position_ids)
+
+            find_packed_sequence_indices.eagle3_hint = True  # type: ignore[attr-defined]
+            mu.find_packed_sequence_indices = find_packed_sequence_indices
+    _hint.unpacked = True
+    try:
+        yield
+    finally:
+        _hint.unpacked = False
 
 
 class LoadedModels:
@@ -175,7 +208,8 @@ class TransformersEngine:
         # device, which serialised the host's work with the GPU's (docs/performance.md).
         if self.device.type == "cuda":  # a pageable copy would wait for the previous batch's forward
             ids = ids.pin_memory().to(self.device, non_blocking=True)
-        out = self.base_model()(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
+        with rows_not_packed():
+            out = self.base_model()(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
         last = out.last_hidden_state  # [B, S, H]

@@ -199,3 +199,31 @@ def test_bad_samples_fail_with_a_reason_without_loading_the_model(demo_model: Pa
 def test_configured_layers_out_of_range_are_refused(demo_model: Path) -> None:
     with pytest.raises(ValueError, match="out of range"):
         TransformersEngine(demo_model, aux_layers=[2, 15, 31])
+
+
+def test_packed_sequence_check_is_skipped_only_inside_the_engines_forward(
+    engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers.masking_utils as mu
+
+    from eagle3.engines.transformers_engine import rows_not_packed
+
+    real = mu.find_packed_sequence_indices
+    seen: list[torch.Tensor] = []
+
+    def counted(position_ids: torch.Tensor) -> torch.Tensor | None:  # the library's check, counted
+        seen.append(position_ids)
+        return real(position_ids)
+
+    monkeypatch.setattr(mu, "find_packed_sequence_indices", counted)
+    out = list(
+        engine.extract([PreparedSample("p0", [1, 2, 3, 4], [1, 1, 1, 1], ""), PreparedSample("p1", [5, 6], [1, 1], "")])
+    )
+    assert all(isinstance(o, Captured) for o in out) and seen == []  # the forward never reached the device read
+    packed = torch.tensor([[0, 1, 2, 0, 1]])  # two sequences in one row: outside the block the check still runs
+    assert mu.find_packed_sequence_indices(packed) is not None and len(seen) == 1
+    with rows_not_packed():
+        assert mu.find_packed_sequence_indices(packed) is None and len(seen) == 1
+    hint = mu.find_packed_sequence_indices
+    with rows_not_packed():  # a second use installs nothing more
+        assert mu.find_packed_sequence_indices is hint
