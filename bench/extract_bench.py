@@ -95,7 +95,7 @@ class Profile:
 
         self.wrap(ex.SampleWriter, "submit", "submit-blocked")
         self.wrap(ex, "encode_sample_parts", "encode")
-        self.wrap(sf, "atomic_write_with", "write+crc32+fsync")
+        self.wrap(sf, "atomic_write_parts", "write+fsync")
         self.wrap(sf.zlib, "crc32", "crc32")
         self.wrap(te.InFlight, "of", "d2h-launch")
         self.wrap(te.TransformersEngine, "launch", "forward-launch")

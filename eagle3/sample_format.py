@@ -24,12 +24,11 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import torch
 from safetensors.torch import load
 
-from eagle3.fsio import atomic_write_bytes, atomic_write_with
+from eagle3.fsio import atomic_write_bytes, atomic_write_parts
 
 FORMAT = "eagle3-sample/1"
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state")
@@ -47,7 +46,6 @@ ST_DTYPES = {
     "F8_E4M3": FP8,
 }
 _DTYPE_NAMES = {v: k for k, v in ST_DTYPES.items()}
-_CHUNK = 1 << 20  # write_sample_parts checksums and writes 1 MiB at a time: the chunk is still in cache for the write
 MAX_HEADER = 1 << 20
 
 
@@ -162,21 +160,11 @@ def encode_sample_parts(
 
 
 def write_sample_parts(path: Path, parts: list[bytes | memoryview], num_tokens: int) -> SampleRecord:
-    """Atomically write what `encode_sample_parts` returned; returns the manifest record. The checksum is
-    taken chunk by chunk as each chunk is written (one pass over the data, the chunk still in cache; both
-    calls release the GIL), not in a pass of its own before the write."""
+    """Atomically write what `encode_sample_parts` returned; returns the manifest record."""
     crc = 0
-
-    def write(f: IO[bytes]) -> None:
-        nonlocal crc
-        for part in parts:
-            view = memoryview(part).cast("B")
-            for start in range(0, len(view), _CHUNK):
-                chunk = view[start : start + _CHUNK]
-                crc = zlib.crc32(chunk, crc)
-                f.write(chunk)
-
-    atomic_write_with(path, write)
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    atomic_write_parts(path, parts)
     return SampleRecord(num_tokens=num_tokens, num_bytes=sum(len(p) for p in parts), crc32=f"{crc:08x}")
 
 

@@ -8,5 +8,5 @@ while [ "$(date +%s)" -lt $end ] && ! grep -q -E "DONE|FAILED" "$R/steps" 2>/dev
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 done
 cat "$R/steps"; tail -5 "$R/driver.log"
-cd "$R" && tar czf "${OUT:-/tmp}/q.tgz" steps driver.log logs $(ls -d */run/eval */run/train/metrics.jsonl */run/prompts/summary.json \
+cd "$R" && tar czf "${OUT:-/tmp}/q.tgz" steps driver.log logs $(ls -d */run/eval */run/train*/metrics.jsonl */run/prompts/summary.json \
   */run/synthesized/summary.json */run/run.json */run/convert.json 2>/dev/null) 2>/dev/null; ls -la "${OUT:-/tmp}"

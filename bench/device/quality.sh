@@ -2,7 +2,9 @@
 # the pipeline's own stages (configs/varied-corpus.yaml through bench/quality_run.py), then drafts trained on the
 # same data: bf16 store, FP8 store, and one variant per training choice, each evaluated on the config's sets.
 # Usage: bash bench/device/quality.sh ROOT   (logs in ROOT/logs, a line per finished step in ROOT/steps)
-# Env: SELF_INSTRUCT (3000), EPOCHS (10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below)
+# Env: SELF_INSTRUCT (3000), EPOCHS (10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
+#      CHOICE_FRACTION (1: the training-choice variants on that fraction of the data), CURVE (1: the epoch curve),
+#      K5 (1: the bf16/FP8 drafts evaluated at k=5 too)
 # A CPU rehearsal: NO_WHEELS=1 PY=.venv/bin/python QEXTRA='--tiny --set ...' bash bench/device/quality.sh /tmp/qr
 # The device tool ends a call's processes when it returns; q_start.sh runs this under setsid so that it goes on
 # between calls, and q_poll.sh watches it.
@@ -21,46 +23,47 @@ step() { echo "$(date +%s) $*" >> "$R/steps"; }
 step start
 $Q --root $R/bf16 $DATA $TRAIN --until convert > $L/bf16-data.log 2>&1 || { step FAILED bf16-data; exit 1; }
 step data
-# the bf16 and FP8 drafts train at once (same data, same seed); the FP8 store is extracted while bf16 trains
+# Every draft is a chain, train then evaluate, and all chains run at once: a small variant is evaluated while the
+# large ones still train (evaluation is launch-bound at batch 1, training GPU-bound).
 FP8_STORE="--reuse-data $R/bf16 --set extract.store_dtype=float8_e4m3"
-DRAFTS="bf16"; [ "${FP8:-1}" = 1 ] && DRAFTS="bf16 fp8"
-$Q --root $R/bf16 $DATA $TRAIN --set train.keep_checkpoints=100 --until train > $L/bf16-train.log 2>&1 & a=$!
-b=""; [ "${FP8:-1}" = 1 ] && { $Q --root $R/fp8 $DATA $TRAIN $FP8_STORE --until train > $L/fp8-train.log 2>&1 & b=$!; }
-wait $a || step FAILED bf16-train; [ -z "$b" ] || wait $b || step FAILED fp8-train
-step trained $DRAFTS
-# evaluation (launch-bound, one process per set) beside the training-choice variants (GPU-bound)
-for v in $DRAFTS; do
-  extra=""; [ $v = fp8 ] && extra=$FP8_STORE
-  for s in varied humaneval template-held-out; do
-    $Q --root $R/$v $DATA $TRAIN $extra --eval-only $s > $L/$v-eval-$s.log 2>&1 &
-  done
-done
-# training choices: another seed (the noise floor), a quarter and half of the data (nested hash-chosen subsets,
-# the same epochs), TTT length and learning rate train on the bf16 store itself (run/train-NAME); the draft
-# vocabulary changes the convert stage, so it gets a store of its own. VARIANTS picks them, in this order.
+K3="--set evaluate.compare_steps=[3]"
+chain() {  # NAME TRAIN-ARGS EVAL-SETS EVAL-ARGS: train, then one evaluation process per set
+  local name=$1 args=$2 sets=$3 eargs=$4
+  $Q $DATA $TRAIN $args --until train > $L/$name-train.log 2>&1 || { step FAILED $name-train; return 1; }
+  step trained $name
+  for s in $sets; do $Q $DATA $TRAIN $args $eargs --eval-only $s > $L/$name-eval-$s.log 2>&1 & done
+  wait
+  step evaluated $name
+}
+SETS="varied humaneval template-held-out"
+BASE_K=""; [ "${K5:-1}" = 1 ] || BASE_K=$K3   # K5=0: the bf16/FP8 drafts at k=3 only (as the variants)
+chain bf16 "--root $R/bf16 --set train.keep_checkpoints=100" "$SETS" "$BASE_K" & pids=($!)
+[ "${FP8:-1}" = 1 ] && { chain fp8 "--root $R/fp8 $FP8_STORE" "$SETS" "$BASE_K" & pids+=($!); }
+# training choices: another seed (the noise floor), a quarter and half of the data (nested hash-chosen subsets, the
+# same epochs: the data-size curve), TTT length, learning rate and draft vocabulary. All but the vocabulary train
+# on the bf16 store itself (run/train-NAME); the vocabulary changes the convert stage, so it gets a store of its
+# own. With CHOICE_FRACTION=F < 1, seed, TTT, learning rate and vocabulary train on that fraction of the data
+# (named NAME-fPCT) and are compared with the base at the same fraction (frac25 for 0.25), to spend a quarter of the
+# GPU time on each. VARIANTS picks them.
+F=${CHOICE_FRACTION:-1}
+PCT=$(${PY:-python3} -c "print(round($F * 100))")
 declare -A VARIANT=([seed1]="--set train.seed=1" [frac25]="--set train.data_fraction=0.25"
                     [frac50]="--set train.data_fraction=0.5" [ttt3]="--set train.ttt_steps=3"
                     [lr3e-4]="--set train.lr=3e-4" [vocab8k]="--set train.draft_vocab_size=8192 --reuse-data $R/bf16")
-variant() {  # NAME: the arguments that train and evaluate it
-  if [ "$1" = vocab8k ]; then echo "--root $R/vocab8k ${VARIANT[$1]}"; else echo "--root $R/bf16 ${VARIANT[$1]} --train-name $1"; fi
-}
-pids=()
 for v in ${VARIANTS-seed1 frac25 frac50 ttt3 lr3e-4 vocab8k}; do
-  $Q $DATA $TRAIN $(variant $v) --until train > $L/$v-train.log 2>&1 & pids+=($!)
+  name=$v; args=${VARIANT[$v]}
+  if [ "$PCT" != 100 ] && [[ $v != frac* ]]; then name=$v-f$PCT; args="$args --set train.data_fraction=$F"; fi
+  if [ $v = vocab8k ]; then args="--root $R/$name $args"; else args="--root $R/bf16 $args --train-name $name"; fi
+  chain $name "$args" "varied humaneval" "$K3" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait $p; done
-step trained variants
-K3="--set evaluate.compare_steps=[3]"
-for s in varied humaneval; do
-  for v in ${VARIANTS-seed1 frac25 frac50 ttt3 lr3e-4 vocab8k}; do
-    $Q $DATA $TRAIN $(variant $v) $K3 --eval-only $s > $L/$v-eval-$s.log 2>&1 &
-  done
-done
 # the epoch curve: earlier checkpoints of the bf16 draft on the varied set
-last=$(${PY:-python3} -c "import json;print(json.load(open('$R/bf16/run/train/checkpoints/latest.json'))['step'])")
-for s in $(for f in 1 2 3 5 7; do echo $(( (last * f / 10 + 25) / 50 * 50 )); done | sort -un); do
-  [ $s -ge 50 ] && [ $s -lt $last ] || continue
-  $Q --root $R/bf16 $DATA $TRAIN $K3 --eval-only varied --checkpoint $s > $L/bf16-eval-varied-step$s.log 2>&1 &
-done
-wait
+if [ "${CURVE:-1}" = 1 ]; then
+  last=$(${PY:-python3} -c "import json;print(json.load(open('$R/bf16/run/train/checkpoints/latest.json'))['step'])")
+  for s in $(for f in 1 2 3 5 7; do echo $(( (last * f / 10 + 25) / 50 * 50 )); done | sort -un); do
+    [ $s -ge 50 ] && [ $s -lt $last ] || continue
+    $Q --root $R/bf16 $DATA $TRAIN $K3 --eval-only varied --checkpoint $s > $L/bf16-eval-varied-step$s.log 2>&1 &
+  done
+  wait
+fi
 step DONE
