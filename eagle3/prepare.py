@@ -215,6 +215,25 @@ def is_current(m: PreparedManifest | None, store: RunStore, fingerprint: str, to
     )
 
 
+def synthesized_name(dataset: str) -> str:
+    """PreparedManifest.dataset of the synthesis of `dataset` (eagle3.synthesize writes it)."""
+    return f"{SYNTH}{dataset}"
+
+
+def holds_synthesis_of(
+    m: PreparedManifest | None, store: RunStore, fingerprint: str, tok_sha: str, data: DataConfig
+) -> bool:
+    """Whether prepared/ (manifest m) is synthesize's output for the inputs whose fingerprint is `fingerprint`.
+    Whether that synthesis matches the synthesize settings is synthesize's own check."""
+    if m is None or m.dataset != synthesized_name(data.dataset) or m.tokenizer_sha256 != tok_sha:
+        return False
+    if m.config != data.model_dump(mode="json") or not store.synthesized_manifest_path.is_file():
+        return False
+    key = json.loads(store.synthesized_manifest_path.read_text())
+    shards = all(store.prepared_shard_path(i).is_file() for i in range(len(m.shards)))
+    return shards and key.get("source_fingerprint") == fingerprint
+
+
 class _ShardWriter:
     """Prepared shards from index `first` on (an intake appends after the store's last shard)."""
 
@@ -473,18 +492,26 @@ def take_in(
 
 
 def prepare(
-    cfg: PipelineConfig, store: RunStore, model_dir: Path, report: ProgressFn = no_progress
+    cfg: PipelineConfig, store: RunStore, model_dir: Path, report: ProgressFn = no_progress, *, raw: bool = False
 ) -> PreparedManifest:
     """Prepare cfg.data into store/prepared; returns the existing manifest when inputs are unchanged.
 
     A store that already holds prepared samples grows: an intake takes in only new source files (and files that
     changed) and appends new samples (eagle3.prepare.take_in). A tokenizer or max_length change is refused once
-    samples were extracted; before that, any change prepares again from scratch."""
+    samples were extracted; before that, any change prepares again from scratch.
+
+    When the run synthesizes (cfg.stages) and prepared/ holds the synthesis of these very inputs, that is returned
+    as it is: preparing the source again would only be undone by synthesize (and would leave the source, not the
+    synthesis, in prepared/ until it had). `raw`: the source's own preparation in any case (what synthesize
+    regenerates from when its settings changed)."""
     files = source_files(cfg.data)
     fingerprint = dataset_fingerprint(cfg.data, files)
     tok_sha = tokenizer_fingerprint(model_dir)
     existing = store.read_prepared_manifest()
     if is_current(existing, store, fingerprint, tok_sha, cfg.data):
+        assert existing is not None
+        return existing
+    if not raw and "synthesize" in cfg.stages and holds_synthesis_of(existing, store, fingerprint, tok_sha, cfg.data):
         assert existing is not None
         return existing
     chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)

@@ -40,7 +40,15 @@ from eagle3.device import resolve_device
 from eagle3.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json
 from eagle3.generate_client import GenerationClient, GenerationFailed, Server
 from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
-from eagle3.prepare import RawRow, dataset_fingerprint, is_current, prepare, read_json_lines, write_prepared
+from eagle3.prepare import (
+    RawRow,
+    dataset_fingerprint,
+    is_current,
+    prepare,
+    read_json_lines,
+    synthesized_name,
+    write_prepared,
+)
 from eagle3.progress import Progress, ProgressCounter, ProgressFn, no_progress
 from eagle3.store import DTYPES, BadRow, PreparedManifest, RunStore
 from eagle3.user_turns import clean_user_text, next_user_messages, sample_seed
@@ -504,7 +512,7 @@ def synthesize(
         assert current is not None
         return Synthesized(current, summary)
     source = current if is_current(current, store, source_fp, tok_sha, cfg.data) else None
-    source = source or prepare(cfg, store, model_dir)  # prepared/ may hold an older synthesis (quiet: one figure)
+    source = source or prepare(cfg, store, model_dir, raw=True)  # prepared/ may hold an older synthesis (quiet)
     _claim_dir(store, key)
     store.synthesized_samples_dir.mkdir(parents=True, exist_ok=True)
     todo, done_before = _jobs(store, source, cfg.synthesize)
@@ -537,7 +545,7 @@ def synthesize(
         chat,
         cfg.data,
         store,
-        dataset=f"synthesized:{cfg.data.dataset}",
+        dataset=synthesized_name(cfg.data.dataset),
         fingerprint=prepared_fp,
         tokenizer_sha256=tok_sha,
         total=source.num_samples * n - len(failed) - summary.dropped_truncated,

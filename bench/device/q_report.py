@@ -49,6 +49,13 @@ def train_acc(metrics: Path, last: int = 5) -> tuple[int, list[float]]:
     return rows[-1]["step"], [sum(r["step_acc"][i] for r in tail) / len(tail) for i in range(n)]
 
 
+def reference(draft: str) -> str:
+    """The base a variant is compared with: bf16, or bf16/fracNN for a variant trained on NN% of the data
+    (quality.sh's CHOICE_FRACTION names those NAME-fNN)."""
+    m = re.search(r"-f(\d+)$", draft)
+    return f"bf16/frac{m.group(1)}" if m else "bf16"
+
+
 def main() -> None:
     root = Path(sys.argv[1])
     runs = runs_of(root)
@@ -73,16 +80,18 @@ def main() -> None:
             print(f"| {s} | {k} | {a['tau']:.3f} | {b['tau']:.3f} | {b['tau'] - a['tau']:+.3f} | "
                   f"{', '.join('-' if x is None else f'{x:+.3f}' for x in d)} | {sd} |")  # fmt: skip
     variants = sorted({d for (d, _, _) in by if d not in ("bf16", "fp8")})
-    if variants and ("bf16", "varied", 3) in by:
-        print("\n### Training choices (k=3; each against the bf16 draft of the same run)\n")
-        print("| draft | varied | Δ | HumanEval | Δ |")
-        print("|---|---:|---:|---:|---:|")
+    if variants:
+        print("\n### Training choices (k=3; each against the base draft of the same run and data fraction)\n")
+        print("| draft | against | varied | Δ | HumanEval | Δ |")
+        print("|---|---|---:|---:|---:|---:|")
         for d in variants:
+            ref = reference(d)
             cells = []
             for s in ("varied", "humaneval"):
-                r, base = by.get((d, s, 3)), by.get(("bf16", s, 3))
-                cells += [f"{r['tau']:.3f}", f"{r['tau'] - base['tau']:+.3f}"] if r and base else ["-", "-"]
-            print(f"| {d} | " + " | ".join(cells) + " |")
+                r, base = by.get((d, s, 3)), by.get((ref, s, 3))
+                cells += [f"{r['tau']:.3f}", f"{r['tau'] - base['tau']:+.3f}"] if r and base else (
+                    [f"{r['tau']:.3f}", "-"] if r else ["-", "-"])  # fmt: skip
+            print(f"| {d} | {ref} | " + " | ".join(cells) + " |")
     curve = sorted((r for r in runs if r["step"] is not None), key=lambda r: r["step"])
     if curve:
         print("\n### Epoch curve: the bf16 draft's checkpoints on the varied set (k=3)\n")

@@ -75,7 +75,20 @@ def test_synthesize_regenerates_turns_and_rerun_does_no_generation(
     monkeypatch.setattr(synth, "load_model", no_model)
     mtimes = [synth.synthesized_shard_path(store, i).stat().st_mtime_ns for i in range(2)]
     assert synth.synthesize(cfg, store, demo_model).manifest == m
-    assert prepare(cfg, store, demo_model).dataset_fingerprint == source.dataset_fingerprint
+    # the prepare stage of a re-run keeps the synthesis of these inputs (no tokenizing, prepared/ never goes back to
+    # the source), and synthesize's summary of the generation stays
+    summary = synth.summary_path(store).read_bytes()
+    prepared = [store.prepared_shard_path(i).stat().st_mtime_ns for i in range(2)]
+    assert prepare(cfg, store, demo_model) == m
+    assert [store.prepared_shard_path(i).stat().st_mtime_ns for i in range(2)] == prepared
+    assert synth.synthesize(cfg, store, demo_model).manifest == m and synth.summary_path(store).read_bytes() == summary
+    # without synthesize in the run's stages, or asked for the source (raw), prepare prepares the source again;
+    # synthesize then assembles its answers again from the checkpoints, still without a model
+    no_synth = cfg.model_copy(update={"stages": ["prepare", "extract"]})
+    assert prepare(no_synth, store, demo_model).dataset_fingerprint == source.dataset_fingerprint
+    again = synth.synthesize(cfg, store, demo_model).manifest
+    assert again.dataset_fingerprint == m.dataset_fingerprint and again.num_samples == 3
+    assert prepare(cfg, store, demo_model, raw=True).dataset_fingerprint == source.dataset_fingerprint
     again = synth.synthesize(cfg, store, demo_model).manifest
     assert again.dataset_fingerprint == m.dataset_fingerprint and again.num_samples == 3
     assert [s.sample_id for i in range(2) for s in store.prepared_samples(i)] == synth_ids
