@@ -4,7 +4,8 @@
     extract   tokens/s of extract_shard into a fresh store (capture + copy to CPU + encode + atomic write)
     write bw  bytes/s of fsynced atomic writes to the store's filesystem (large files, and sample-sized ones)
 
-binding limit = min(forward tok/s, write_bw / bytes_per_token); we report extract / binding (target >= 0.9)
+binding limit, shard by shard = min(forward tok/s, write_bw / bytes_per_token), write_bw probed right before and
+right after that shard's extraction; we report extract / binding (target >= 0.9)
 and bytes per token on disk / (K+1) x H x 2, the bf16 minimum (target <= 1.02 for bf16, <= 0.51 for FP8:
 --store-dtype float8_e4m3).
 
@@ -47,6 +48,7 @@ from eagle3.store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSamp
 from eagle3.versions import library_versions
 
 MB = 1 << 20
+PROBE_FILE = 64 * MB  # the write probes' file size
 
 
 def parse_args() -> argparse.Namespace:
@@ -186,10 +188,19 @@ class Result:
     forward: Meter
     extract: Meter
     bytes: int = 0
+    limit_s: float = 0.0  # what the extraction would take at each shard's binding limit, summed
+    probes: list[float] = field(default_factory=list)  # bytes/s of every write probe, in order
+    write_bound_s: float = 0.0  # the part of limit_s where the disk, not the forward, was the limit
 
 
-def measure(cfg: PipelineConfig, model_dir: Path, shards: list, engine: TransformersEngine, args: Any) -> Result:
-    """Alternate forward and extract_shard shard by shard, `repeats` times over a fresh store."""
+def measure(
+    cfg: PipelineConfig, model_dir: Path, shards: list, engine: TransformersEngine, args: Any, work: Path, hidden: int
+) -> Result:
+    """Alternate forward, disk probe, extract_shard and disk probe shard by shard, `repeats` times over a fresh
+    store. A shared VM's disk changes speed from minute to minute (it halved within one in session 7), so each
+    shard's extraction is held against the disk as it was right around it: the shard's binding limit is
+    min(its forward rate, the mean of its two probes / its bytes per token), and the extraction's limit is the
+    time the shards would take at those limits."""
     res = Result(Meter(), Meter())
     store = RunStore(cfg.run_dir)
     for _ in range(args.repeats):
@@ -199,16 +210,31 @@ def measure(cfg: PipelineConfig, model_dir: Path, shards: list, engine: Transfor
         res.bytes = 0
         for i in range(len(shards)):
             samples = store.prepared_samples(i)
+            tokens = sum(len(s) for s in samples)
             sync(engine.device)
+            t0 = time.perf_counter()
             res.forward.start()
             plain_forward(engine, samples)
-            res.forward.stop(sum(len(s) for s in samples))
+            res.forward.stop(tokens)
+            forward_s = time.perf_counter() - t0
+            probe = min(args.write_mb * MB, tokens * expected_bytes_per_token(engine, hidden, args.store_dtype))
+            before = write_bandwidth(work / "bw", probe, PROBE_FILE, args.writer_threads)
             res.extract.start()
             m = extract_shard(store, i, engine, info, writer_threads=args.writer_threads)
             res.extract.stop(m.tokens)
+            after = write_bandwidth(work / "bw", probe, PROBE_FILE, args.writer_threads)
             assert m.status == "complete", m.errors
             res.bytes += m.bytes
+            res.probes += [before, after]
+            disk_s = m.bytes / ((before + after) / 2)
+            res.limit_s += max(forward_s, disk_s)
+            res.write_bound_s += disk_s if disk_s > forward_s else 0.0
     return res
+
+
+def expected_bytes_per_token(engine: TransformersEngine, hidden: int, store_dtype: str) -> int:
+    """(K+1) x H x itemsize: what a probe should write to last about as long as a shard's extraction."""
+    return (len(engine.info.aux_layers) + 1) * hidden * (1 if store_dtype == "float8_e4m3" else 2)
 
 
 def write_bandwidth(directory: Path, total: int, file_size: int, threads: int) -> float:
@@ -246,13 +272,8 @@ def main() -> None:
         plain_forward(engine, warm)  # load + warm up
         list(engine.extract(warm))
         prof.install()
-        # the disk's rate moves from minute to minute on a shared VM: probe it right before and right after the
-        # extraction and take the mean as its write bandwidth (both printed)
-        before = write_bandwidth(work / "bw-large", args.write_mb * MB, 64 * MB, args.writer_threads)
-        res = measure(cfg, model_dir, shards, engine, args)
-        after = write_bandwidth(work / "bw-large", args.write_mb * MB, 64 * MB, args.writer_threads)
-        bw_large = (before + after) / 2
-        print(f"write probe, 64 MiB files: {before / MB:,.0f} MiB/s before, {after / MB:,.0f} MiB/s after")
+        res = measure(cfg, model_dir, shards, engine, args, work, facts.hidden_size)
+        bw_large = write_bandwidth(work / "bw-large", args.write_mb * MB, PROBE_FILE, args.writer_threads)
         sample_size = res.bytes // args.samples
         small_total = min(args.write_mb * MB, max(64 * MB, 200 * sample_size))
         bw_sample = write_bandwidth(work / "bw-sample", small_total, sample_size, args.writer_threads)
@@ -281,18 +302,20 @@ def table(args: Any, facts: ModelFacts, k: int, res: Result, bw_large: float, bw
     target = "<= 0.51" if args.store_dtype == "float8_e4m3" else "<= 1.02"
     bpt = res.bytes / (res.extract.tokens / args.repeats)
     fwd, ext = res.forward, res.extract
-    disk_limit = bw_large / bpt
-    binding = min(fwd.rate, disk_limit)
+    binding = ext.tokens / res.limit_s  # tok/s at each shard's own limit, over all shards
+    probes = f"{min(res.probes) / MB:,.0f}-{max(res.probes) / MB:,.0f} MiB/s"
+    bound = f"write-bound {res.write_bound_s / res.limit_s:.0%} of the time"
     rows = [
         ("plain forward (no capture, no write)", f"{fwd.rate:,.0f} tok/s", f"{fwd.cpu_rate:,.0f} tok per CPU-s"),
         ("extraction (capture + write, extract_shard)", f"{ext.rate:,.0f} tok/s", f"{ext.cpu_rate:,.0f} tok per CPU-s"),
-        ("write bandwidth, 64 MiB files + fsync (before/after mean)", f"{bw_large / MB:,.0f} MiB/s",
-         f"{args.writer_threads} threads; = {disk_limit:,.0f} tok/s"),
+        ("write probes around each shard, 64 MiB files + fsync", probes,
+         f"{len(res.probes)} probes, {args.writer_threads} threads"),
+        ("write bandwidth after the run, 64 MiB files + fsync", f"{bw_large / MB:,.0f} MiB/s",
+         f"= {bw_large / bpt:,.0f} tok/s"),
         (f"write bandwidth, {size / MB:.2f} MiB files + fsync", f"{bw_sample / MB:,.0f} MiB/s",
          f"{args.writer_threads} threads"),
         ("bytes/token on disk", f"{bpt:,.1f}", f"minimum (K+1)·H·{itemsize} = {minimum:,}"),
-        ("binding limit = min(forward, write_bw / bytes_per_token)", f"{binding:,.0f} tok/s",
-         "forward" if fwd.rate <= disk_limit else "write"),
+        ("binding limit: per shard min(forward, probes' mean / bytes_per_token)", f"{binding:,.0f} tok/s", bound),
         ("**extraction / binding limit** (target >= 0.9)", f"**{ext.rate / binding:.3f}**",
          f"CPU-time ratio {ext.cpu_rate / fwd.cpu_rate:.3f}"),
         (f"**bytes per token / bf16 minimum** (target {target})", f"**{bpt / minimum:.4f}**", ""),
