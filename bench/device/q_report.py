@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def runs_of(root: Path) -> list[dict[str, Any]]:
     return out
 
 
-def fmt_rates(rates: list[float | None]) -> str:
+def fmt_rates(rates: Sequence[float | None]) -> str:
     return ", ".join("-" if r is None else f"{r:.3f}" for r in rates)
 
 
@@ -88,9 +89,9 @@ def main() -> None:
             ref = reference(d)
             cells = []
             for s in ("varied", "humaneval"):
-                r, base = by.get((d, s, 3)), by.get((ref, s, 3))
-                cells += [f"{r['tau']:.3f}", f"{r['tau'] - base['tau']:+.3f}"] if r and base else (
-                    [f"{r['tau']:.3f}", "-"] if r else ["-", "-"])  # fmt: skip
+                got, base = by.get((d, s, 3)), by.get((ref, s, 3))
+                tau = f"{got['tau']:.3f}" if got else "-"
+                cells += [tau, f"{got['tau'] - base['tau']:+.3f}" if got and base else "-"]
             print(f"| {d} | {ref} | " + " | ".join(cells) + " |")
     curve = sorted((r for r in runs if r["step"] is not None), key=lambda r: r["step"])
     if curve:
