@@ -65,11 +65,12 @@ def rows_not_packed() -> Iterator[None]:
 
             find_packed_sequence_indices.eagle3_hint = True  # type: ignore[attr-defined]
             mu.find_packed_sequence_indices = find_packed_sequence_indices
+    outer = getattr(_hint, "unpacked", False)  # a nested block leaves the hint as the outer one set it
     _hint.unpacked = True
     try:
         yield
     finally:
-        _hint.unpacked = False
+        _hint.unpacked = outer
 
 
 class LoadedModels:

@@ -225,5 +225,9 @@ def test_packed_sequence_check_is_skipped_only_inside_the_engines_forward(
     with rows_not_packed():
         assert mu.find_packed_sequence_indices(packed) is None and len(seen) == 1
     hint = mu.find_packed_sequence_indices
-    with rows_not_packed():  # a second use installs nothing more
+    with rows_not_packed():  # a second use installs nothing more, and a nested one keeps the outer hint
         assert mu.find_packed_sequence_indices is hint
+        with rows_not_packed():
+            pass
+        assert mu.find_packed_sequence_indices(packed) is None and len(seen) == 1
+    assert mu.find_packed_sequence_indices(packed) is not None and len(seen) == 2
