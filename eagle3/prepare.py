@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from eagle3.chat import ChatTokenizer, RowError, RowFormat, normalize_row, sample_id
 from eagle3.config import DataConfig, PipelineConfig
+from eagle3.fsio import read_json
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.source_files import SourceError, SourceFile, file_sha256, is_saved_dataset, list_source_files
@@ -225,13 +226,12 @@ def holds_synthesis_of(
 ) -> bool:
     """Whether prepared/ (manifest m) is synthesize's output for the inputs whose fingerprint is `fingerprint`.
     Whether that synthesis matches the synthesize settings is synthesize's own check."""
-    if m is None or m.dataset != synthesized_name(data.dataset) or m.tokenizer_sha256 != tok_sha:
+    if m is None or m.dataset != synthesized_name(data.dataset) or not store.synthesized_manifest_path.is_file():
         return False
-    if m.config != data.model_dump(mode="json") or not store.synthesized_manifest_path.is_file():
-        return False
-    key = json.loads(store.synthesized_manifest_path.read_text())
-    shards = all(store.prepared_shard_path(i).is_file() for i in range(len(m.shards)))
-    return shards and key.get("source_fingerprint") == fingerprint
+    # complete for this tokenizer and data config (as is_current checks any manifest), from these inputs
+    return is_current(m, store, m.dataset_fingerprint, tok_sha, data) and (
+        read_json(store.synthesized_manifest_path).get("source_fingerprint") == fingerprint
+    )
 
 
 class _ShardWriter:
