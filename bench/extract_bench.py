@@ -40,7 +40,7 @@ import pyarrow as pa
 import torch
 
 from eagle3.config import PipelineConfig
-from eagle3.engines.transformers_engine import TransformersEngine, length_batches, pad_right
+from eagle3.engines.transformers_engine import TransformersEngine, length_batches, pad_right, rows_not_packed
 from eagle3.extract import extract_shard, open_run
 from eagle3.fsio import atomic_write_bytes
 from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
@@ -66,6 +66,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work-dir", default="data/runs/bench", help="temporary stores go here (the filesystem under test)")
     p.add_argument("--write-mb", type=int, default=256, help="bytes written by the large-file bandwidth probe")
     p.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"])
+    p.add_argument("--inflight", type=int, default=2, help="batches queued on the device while the host hands one on")
     p.add_argument("--switch-interval", type=float, default=0.0, help="sys.setswitchinterval (0: Python's default)")
     return p.parse_args()
 
@@ -177,9 +178,12 @@ def sync(device: torch.device) -> None:
 def plain_forward(engine: TransformersEngine, samples: list[PreparedSample]) -> None:
     """The base model over the engine's own batches, keeping only the last hidden state on the device."""
     base = engine.base_model()
-    for batch in length_batches(samples, engine.batch_tokens):
-        ids, _ = pad_right(batch)  # [B, S]; right padding + causal attention: no mask, as the engine
-        base(input_ids=ids.to(engine.device), use_cache=False)
+    with rows_not_packed():  # the engine's own launch path, so the ceiling is as fast as the engine's forward can be
+        for batch in length_batches(samples, engine.batch_tokens):
+            ids, _ = pad_right(batch)  # [B, S]; right padding + causal attention: no mask, as the engine
+            if engine.device.type == "cuda":
+                ids = ids.pin_memory().to(engine.device, non_blocking=True)
+            base(input_ids=ids.to(engine.device), use_cache=False)
     sync(engine.device)
 
 
@@ -260,7 +264,7 @@ def main() -> None:
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=args.work_dir, prefix="extract-bench-"))
     engine = TransformersEngine(model_dir, device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens,
-                                store_dtype=args.store_dtype)  # fmt: skip
+                                store_dtype=args.store_dtype, inflight=args.inflight)  # fmt: skip
     cfg = PipelineConfig.model_validate(
         {"run_dir": str(work / "run"), "model": str(model_dir), "extract": {"store_dtype": args.store_dtype},
          "server": {"device": args.device, "dtype": args.dtype, "batch_tokens": args.batch_tokens}}
@@ -291,7 +295,7 @@ def header(args: Any, engine: TransformersEngine, facts: ModelFacts, tokens: int
         f"model {facts.model_type} {facts.num_layers} layers, hidden {facts.hidden_size}, {args.dtype}; "
         f"device {device}; {args.samples} samples in {args.shards} shards, {tokens} tokens per pass "
         f"(lengths {args.seq_len // 2}..{args.seq_len}), {args.repeats} passes, batch_tokens {args.batch_tokens}, "
-        f"writer threads {args.writer_threads}, K={len(engine.info.aux_layers)}; "
+        f"writer threads {args.writer_threads}, inflight {args.inflight}, K={len(engine.info.aux_layers)}; "
         f"torch {v.get('torch')}, transformers {v.get('transformers')}\n"
     )
 

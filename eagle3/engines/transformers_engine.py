@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -125,7 +126,8 @@ def pad_right(batch: Sequence[PreparedSample]) -> tuple[torch.Tensor, torch.Tens
 class TransformersEngine:
     """Runs the target model in this process. The model loads on the first `extract` call, so a
     caller can build the engine, read `info`, and skip finished shards without loading weights. Engines given the
-    same `models` share the weights (a server pool's engines); without it the engine loads its own."""
+    same `models` share the weights (a server pool's engines); without it the engine loads its own. `inflight`: how
+    many launched batches stay queued on the device while the host hands the oldest one's states on."""
 
     def __init__(
         self,
@@ -137,6 +139,7 @@ class TransformersEngine:
         batch_tokens: int = 8192,
         store_dtype: str = "bfloat16",
         models: LoadedModels | None = None,
+        inflight: int = 2,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"server.dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -144,6 +147,8 @@ class TransformersEngine:
             raise ValueError(f"extract.store_dtype {store_dtype!r}: expected 'bfloat16' or {FP8_NAME!r}")
         if batch_tokens <= 0:
             raise ValueError(f"server.batch_tokens must be positive, got {batch_tokens}")
+        if inflight < 1:
+            raise ValueError(f"inflight must be at least 1, got {inflight}")
         facts = read_model_facts(Path(model_dir))
         self.model_dir = Path(model_dir)
         self.vocab_size = facts.vocab_size
@@ -151,6 +156,7 @@ class TransformersEngine:
         self.dtype = DTYPES[dtype]
         self.batch_tokens = batch_tokens
         self.fp8 = store_dtype == FP8_NAME
+        self.inflight = inflight  # batches left running on the device while the host hands one on (2: measured)
         layers = resolve_aux_layers(aux_layers, facts.num_layers)
         self.info = EngineInfo(
             name="transformers",
@@ -181,21 +187,22 @@ class TransformersEngine:
                 yield Failed(s, reason)
             else:
                 good.append(s)
-        pending: InFlight | None = None  # one batch's copy overlaps the next batch's forward
+        # Batches launched and not yet handed on, oldest first. Up to `inflight` stay queued on the device while the
+        # host waits for the oldest one's copy and hands its samples to the writers, so a slow hand-off (writers
+        # holding the GIL, a full writer queue) does not leave the GPU idle.
+        pending: deque[InFlight] = deque()
         for batch in length_batches(good, self.batch_tokens):
             try:
-                current = self.launch(batch)
+                pending.append(self.launch(batch))
             except torch.OutOfMemoryError:
-                if pending is not None:
-                    yield from pending.outcomes()
-                    pending = None
+                while pending:
+                    yield from pending.popleft().outcomes()
                 yield from self._retry_alone(batch)
                 continue
-            if pending is not None:
-                yield from pending.outcomes()
-            pending = current
-        if pending is not None:
-            yield from pending.outcomes()
+            while len(pending) > self.inflight:
+                yield from pending.popleft().outcomes()
+        while pending:
+            yield from pending.popleft().outcomes()
 
     def close(self) -> None:
         self._model = None  # `models` keeps the weights until its holder clears it (a server pool: when it closes)

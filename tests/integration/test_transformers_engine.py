@@ -231,3 +231,46 @@ def test_packed_sequence_check_is_skipped_only_inside_the_engines_forward(
             pass
         assert mu.find_packed_sequence_indices(packed) is None and len(seen) == 1
     assert mu.find_packed_sequence_indices(packed) is not None and len(seen) == 2
+
+
+@pytest.mark.parametrize("inflight", [1, 2, 3])
+def test_batches_queued_on_the_device_hand_on_every_sample_once_and_in_launch_order(
+    demo_model: Path, samples: list[PreparedSample], inflight: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eng = TransformersEngine(demo_model, device="cpu", dtype="float32", batch_tokens=1, inflight=inflight)
+    launched: list[str] = []
+    real_launch = eng.launch
+
+    def counted(batch: list[PreparedSample]) -> Any:
+        launched.append(batch[0].sample_id)
+        return real_launch(batch)
+
+    monkeypatch.setattr(eng, "launch", counted)
+    launched_at_each_outcome = []
+    order = []
+    for o in eng.extract(samples):  # batch_tokens=1: one sample per batch, four batches
+        launched_at_each_outcome.append(len(launched))
+        order.append(o.sample.sample_id)
+    assert order == launched  # each sample exactly once, oldest batch first
+    n = len(samples)
+    assert launched_at_each_outcome == [min(i + 1 + inflight, n) for i in range(n)]  # `inflight` stay queued
+
+
+def test_an_out_of_memory_batch_hands_on_the_queued_ones_first_then_retries_alone(
+    demo_model: Path, samples: list[PreparedSample], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    eng = TransformersEngine(demo_model, device="cpu", dtype="float32", batch_tokens=1, inflight=2)
+    real_launch = eng.launch
+    calls: list[str] = []
+
+    def third_runs_out_once(batch: list[PreparedSample]) -> Any:
+        calls.append(batch[0].sample_id)
+        if len(calls) == 3:
+            raise torch.OutOfMemoryError("test: out of memory")
+        return real_launch(batch)
+
+    monkeypatch.setattr(eng, "launch", third_runs_out_once)
+    out = list(eng.extract(samples))
+    assert all(isinstance(o, Captured) for o in out)
+    assert sorted(o.sample.sample_id for o in out) == sorted(s.sample_id for s in samples)
+    assert [o.sample.sample_id for o in out][:3] == calls[:3]  # the two queued first, then the retried one
