@@ -11,6 +11,8 @@ and bytes per token on disk / (K+1) x H x 2, the bf16 minimum (target <= 1.02 fo
 
 Host-time profile (where the extraction's extra CPU time goes), summed over all threads:
     submit-blocked  the forward thread waiting for a writer (queue full: the writers are the bottleneck)
+    shard-drain     the forward thread waiting at a shard's end for the writers' backlog (the device idle)
+    shard-open      the header checks of a shard's existing files before its first forward
     d2h-wait        the forward thread waiting for a batch's device-to-host copy
     encode / crc32 / write+fsync   per writer stage
 
@@ -41,7 +43,7 @@ import torch
 
 from eagle3.config import PipelineConfig
 from eagle3.engines.transformers_engine import TransformersEngine, length_batches, pad_right, rows_not_packed
-from eagle3.extract import extract_shard, open_run
+from eagle3.extract import WRITER_THREADS, extract_shard, open_run
 from eagle3.fsio import atomic_write_bytes
 from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
 from eagle3.store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
@@ -61,7 +63,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=256, help="longest sample; lengths are uniform in [L/2, L]")
     p.add_argument("--shards", type=int, default=6, help="forward and extraction alternate shard by shard")
     p.add_argument("--batch-tokens", type=int, default=4096)
-    p.add_argument("--writer-threads", type=int, default=2)
+    p.add_argument("--writer-threads", type=int, default=WRITER_THREADS, help="default: extract.writer_threads'")
     p.add_argument("--repeats", type=int, default=2, help="passes over all shards (fresh store each time)")
     p.add_argument("--work-dir", default="data/runs/bench", help="temporary stores go here (the filesystem under test)")
     p.add_argument("--write-mb", type=int, default=256, help="bytes written by the large-file bandwidth probe")
@@ -97,6 +99,8 @@ class Profile:
         from eagle3.engines import transformers_engine as te
 
         self.wrap(ex.SampleWriter, "submit", "submit-blocked")
+        self.wrap(ex.SampleWriter, "close", "shard-drain")  # the shard's last writes, nothing left on the device
+        self.wrap(ex, "adopt_existing", "shard-open")
         self.wrap(ex, "encode_sample_parts", "encode")
         self.wrap(sf, "atomic_write_parts", "write+fsync")
         self.wrap(sf.zlib, "crc32", "crc32")

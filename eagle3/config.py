@@ -273,6 +273,15 @@ class ExtractConfig(StrictModel):
         "a change). docs/formats.md.",
     )
     window: int = Field(1, gt=0, le=256, description="sglang engine: requests in flight (1 = synchronous).")
+    writer_threads: int = Field(
+        8,
+        ge=1,
+        le=64,
+        description="Threads that turn finished samples into store files while the engine runs the next batch: "
+        "encode, checksum, write and fsync (transformers engine), verify and move the server's dumps (sglang "
+        "engine). 8 keeps an H200's forward fed with an FP8 store (docs/performance.md); more helps a "
+        "write-bound bf16 store on a disk that takes parallel writes.",
+    )
     request_timeout_s: float = Field(600.0, gt=0, description="sglang engine: per-request timeout.")
     request_retries: int = Field(3, ge=0, le=20, description="sglang engine: retries per request.")
     dump_dir: str | None = Field(

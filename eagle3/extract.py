@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from eagle3.config import PipelineConfig
+from eagle3.config import ExtractConfig, PipelineConfig
 from eagle3.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Outcome
 from eagle3.fsio import move_into, remove_stale_temps
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
@@ -44,6 +44,9 @@ from eagle3.store import (
     ShardStatus,
 )
 from eagle3.versions import library_versions
+
+#: extract.writer_threads' default, for callers without a config (benches, tests).
+WRITER_THREADS: int = ExtractConfig.model_fields["writer_threads"].default
 
 #: Called by the writer with the bytes about to be written; raises (eagle3.disk.DiskBudgetError) to stop.
 WriteGuard = Callable[[int], None]
@@ -153,7 +156,7 @@ def extract_shard(
     report: ProgressFn = no_progress,
     *,
     manifest_every_s: float = 30.0,
-    writer_threads: int = 2,
+    writer_threads: int = WRITER_THREADS,
     queue_size: int = 8,
     guard: WriteGuard | None = None,
 ) -> ShardManifest:

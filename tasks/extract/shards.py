@@ -230,7 +230,9 @@ def extract_leased_shard(
 
         with ctx.server_pool(config, model_dir).checkout() as (server, engine):
             logger.info("shard %d: on %s", shard, server.label)
-            manifest = extract_shard(store, shard, engine, info, report, guard=guard)
+            manifest = extract_shard(
+                store, shard, engine, info, report, guard=guard, writer_threads=config.extract.writer_threads
+            )
     except DiskBudgetError as e:
         disk_low(config.run_dir, e)
         raise

@@ -130,3 +130,17 @@ def test_training_and_the_offline_evaluation_have_their_own_device(tmp_path: Pat
     assert offline_dtype(cfg.evaluate, "bfloat16") == "bfloat16"  # on cuda: the store's dtype, whatever the server's
     on_cpu = cfg.evaluate.model_copy(update={"device": "cpu"})
     assert offline_dtype(on_cpu, "bfloat16") == "float32"
+
+
+def test_writer_threads_has_one_default_for_the_flow_and_for_callers_without_a_config() -> None:
+    import inspect
+
+    from pydantic import ValidationError
+
+    from eagle3.config import ExtractConfig
+    from eagle3.extract import WRITER_THREADS, extract_shard
+
+    assert ExtractConfig().writer_threads == WRITER_THREADS == 8
+    assert inspect.signature(extract_shard).parameters["writer_threads"].default == WRITER_THREADS
+    with pytest.raises(ValidationError, match="writer_threads"):
+        ExtractConfig(writer_threads=0)
