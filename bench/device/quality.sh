@@ -40,7 +40,7 @@ BASE_K=""; [ "${K5:-1}" = 1 ] || BASE_K=$K3   # K5=0: the bf16/FP8 drafts at k=3
 chain bf16 "--root $R/bf16 --set train.keep_checkpoints=100" "$SETS" "$BASE_K" & pids=($!)
 [ "${FP8:-1}" = 1 ] && { chain fp8 "--root $R/fp8 $FP8_STORE" "$SETS" "$BASE_K" & pids+=($!); }
 # training choices: another seed (the noise floor), a quarter and half of the data (nested hash-chosen subsets, the
-# same epochs: the data-size curve), TTT length, learning rate and draft vocabulary. All but the vocabulary train
+# same epochs: the data-size curve), TTT length, learning rate (3e-4, 3e-3) and draft vocabulary. All but the vocabulary train
 # on the bf16 store itself (run/train-NAME); the vocabulary changes the convert stage, so it gets a store of its
 # own. With CHOICE_FRACTION=F < 1, seed, TTT, learning rate and vocabulary train on that fraction of the data
 # (named NAME-fPCT) and are compared with the base at the same fraction (frac25 for 0.25), to spend a quarter of the
@@ -49,7 +49,7 @@ F=${CHOICE_FRACTION:-1}
 PCT=$(${PY:-python3} -c "print(round($F * 100))")
 declare -A VARIANT=([seed1]="--set train.seed=1" [frac25]="--set train.data_fraction=0.25"
                     [frac50]="--set train.data_fraction=0.5" [ttt3]="--set train.ttt_steps=3"
-                    [lr3e-4]="--set train.lr=3e-4" [vocab8k]="--set train.draft_vocab_size=8192 --reuse-data $R/bf16")
+                    [lr3e-4]="--set train.lr=3e-4" [lr3e-3]="--set train.lr=3e-3" [vocab8k]="--set train.draft_vocab_size=8192 --reuse-data $R/bf16")
 for v in ${VARIANTS-seed1 frac25 frac50 ttt3 lr3e-4 vocab8k}; do
   name=$v; args=${VARIANT[$v]}
   if [ "$PCT" != 100 ] && [[ $v != frac* ]]; then name=$v-f$PCT; args="$args --set train.data_fraction=$F"; fi
