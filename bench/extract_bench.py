@@ -33,18 +33,17 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import torch
+from disk_probe import write_bandwidth  # bench/, beside this script
 
 from eagle3.config import PipelineConfig
 from eagle3.engines.transformers_engine import TransformersEngine, length_batches, pad_right, rows_not_packed
 from eagle3.extract import WRITER_THREADS, extract_shard, open_run
-from eagle3.fsio import atomic_write_bytes
 from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
 from eagle3.store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
 from eagle3.versions import library_versions
@@ -244,20 +243,6 @@ def measure(
 def expected_bytes_per_token(engine: TransformersEngine, hidden: int, store_dtype: str) -> int:
     """(K+1) x H x itemsize: what a probe should write to last about as long as a shard's extraction."""
     return (len(engine.info.aux_layers) + 1) * hidden * (1 if store_dtype == "float8_e4m3" else 2)
-
-
-def write_bandwidth(directory: Path, total: int, file_size: int, threads: int) -> float:
-    """bytes/s of fsynced atomic writes of `file_size`-byte files, `total` bytes in all, from `threads`
-    threads (as many as the extraction's writers, so both ask the disk the same way)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = os.urandom(file_size)
-    n = max(threads, total // file_size)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda i: atomic_write_bytes(directory / f"f{i:05d}.bin", payload), range(n)))
-    seconds = time.perf_counter() - start
-    shutil.rmtree(directory)
-    return n * file_size / seconds
 
 
 def main() -> None:

@@ -42,11 +42,12 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from disk_probe import write_bandwidth
+
 from eagle3.config import PipelineConfig
 from eagle3.engines import Engine, EngineInfo
 from eagle3.engines.transformers_engine import LoadedModels
 from eagle3.extract import extract_shard, open_run
-from eagle3.fsio import atomic_write_bytes
 from eagle3.lease import ShardLease
 from eagle3.model_files import read_model_facts, resolve_model, tokenizer_fingerprint
 from eagle3.server_specs import ServerSpec, build_server_engine, server_specs
@@ -197,18 +198,6 @@ def lease_cost_ms(run_dir: Path, n: int = 200) -> float:
     return 1000 * (time.perf_counter() - start) / n
 
 
-def write_bandwidth(directory: Path, file_size: int, total: int, threads: int = 4) -> float:
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = os.urandom(file_size)
-    n = max(threads, total // file_size)
-    start = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda i: atomic_write_bytes(directory / f"f{i:05d}.bin", payload), range(n)))
-    seconds = time.perf_counter() - start
-    shutil.rmtree(directory)
-    return n * file_size / seconds
-
-
 def projection(per_server: float, bytes_per_token: float, storage_bps: float, servers_per_node: int) -> str:
     storage_tok_s = storage_bps / bytes_per_token
     lines = [
@@ -264,7 +253,7 @@ def main() -> None:
                       f"{run.tokens / run.cpu_s:,.0f} tok per CPU-s, load {load:.1f}", flush=True)  # fmt: skip
         bytes_per_token = runs[1][0].bytes / runs[1][0].tokens
         sample_size = int(runs[1][0].bytes / args.samples)
-        bw = write_bandwidth(work / "bw", sample_size, max(64 * MB, 200 * sample_size))
+        bw = write_bandwidth(work / "bw", max(64 * MB, 200 * sample_size), sample_size, 4)
         lease_ms = lease_cost_ms(work / "run")
     finally:
         servers.close()
