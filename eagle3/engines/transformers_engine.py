@@ -81,6 +81,19 @@ class DeviceEvent(Protocol):
     def synchronize(self) -> None: ...
 
 
+class StreamMark:
+    """A CUDA event recorded on a given stream; waiting on it sleeps (blocking sync) and releases the GIL."""
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self.stream, self.event = stream, torch.cuda.Event(blocking=True)
+
+    def record(self) -> None:
+        self.event.record(self.stream)
+
+    def synchronize(self) -> None:
+        self.event.synchronize()
+
+
 _pace = threading.local()
 _pace_lock = threading.Lock()
 
@@ -291,7 +304,8 @@ class TransformersEngine:
             return nullcontext()
         if len(self._layer_events) != len(layers):
             self._layer_events = [None] * len(layers)
-        return paced_launches(layers, self._layer_events, lambda: torch.cuda.Event(blocking=True))
+        stream = torch.cuda.current_stream(self.device)  # where the model's kernels go (not the current device's)
+        return paced_launches(layers, self._layer_events, lambda: StreamMark(stream))
 
     def _copy_to_host(self, batch: list[PreparedSample], tensors: list[torch.Tensor]) -> InFlight:
         """Device -> pinned host copies on a side stream, so they overlap the next batch's forward."""
