@@ -2,7 +2,7 @@
 # the pipeline's own stages (configs/varied-corpus.yaml through bench/quality_run.py), then drafts trained on the
 # same data: bf16 store, FP8 store, and one variant per training choice, each evaluated on the config's sets.
 # Usage: bash bench/device/quality.sh ROOT   (logs in ROOT/logs, a line per finished step in ROOT/steps)
-# Env: SELF_INSTRUCT (3000), EPOCHS (10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
+# Env: SELF_INSTRUCT (3000), EPOCHS (the config's: 10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
 #      CHOICE_FRACTION (1: the training-choice variants on that fraction of the data), CURVE (1: the epoch curve),
 #      K5 (1: the bf16/FP8 drafts evaluated at k=5 too)
 # A CPU rehearsal: NO_WHEELS=1 PY=.venv/bin/python QEXTRA='--tiny --set ...' bash bench/device/quality.sh /tmp/qr
@@ -15,10 +15,10 @@ export PYTHONPATH=$PYTHONPATH:$PWD/bench TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 Q="${PY:-python3} bench/quality_run.py --config configs/varied-corpus.yaml --data-dir /tmp/qdata"
 DATA="--set prompts.self_instruct=${SELF_INSTRUCT:-3000} --set synthesize.samples_per_prompt=2 --set synthesize.user_turns=0
  --set synthesize.batch_size=${SYNTH_BATCH:-1024} --set data.shard_size=1000"
-TRAIN="--set train.max_steps=null --set train.epochs=${EPOCHS:-10} --set train.batch_tokens=16384 --set train.lr=1e-3
- --set train.warmup_steps=50 --set train.min_lr_ratio=0.1 --set train.ttt_steps=7 --set train.draft_vocab_size=32000
- --set train.checkpoint_every=50 --set train.keep_checkpoints=2 --set train.log_every=20
- --set evaluate.offline_dtype=float32 ${QEXTRA:-}"
+# the training recipe is the config's (epochs 10, 16,384-token steps, lr 1e-3 cosine to 0.1x, TTT 7, vocabulary
+# 32,000); here only EPOCHS when given, and the checkpoint and log cadence of the epoch curve
+TRAIN="${EPOCHS:+--set train.epochs=$EPOCHS} --set train.checkpoint_every=50 --set train.keep_checkpoints=2
+ --set train.log_every=20 --set evaluate.offline_dtype=float32 ${QEXTRA:-}"
 step() { echo "$(date +%s) $*" >> "$R/steps"; }
 step start
 $Q --root $R/bf16 $DATA $TRAIN --until convert > $L/bf16-data.log 2>&1 || { step FAILED bf16-data; exit 1; }
