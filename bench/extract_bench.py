@@ -42,7 +42,7 @@ import torch
 from disk_probe import write_bandwidth  # bench/, beside this script
 
 from eagle3.config import PipelineConfig
-from eagle3.engines.transformers_engine import TransformersEngine, length_batches, pad_right, rows_not_packed
+from eagle3.engines.transformers_engine import INFLIGHT, TransformersEngine, length_batches, rows_not_packed
 from eagle3.extract import WRITER_THREADS, extract_shard, open_run
 from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
 from eagle3.store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
@@ -67,7 +67,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work-dir", default="data/runs/bench", help="temporary stores go here (the filesystem under test)")
     p.add_argument("--write-mb", type=int, default=256, help="bytes written by the large-file bandwidth probe")
     p.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"])
-    p.add_argument("--inflight", type=int, default=2, help="batches queued on the device while the host hands one on")
+    p.add_argument("--inflight", type=int, default=INFLIGHT, help="batches queued on the device during a hand-off")
     p.add_argument("--no-pace", action="store_true", help="the engine's launches unpaced (A/B of paced_launches)")
     p.add_argument("--switch-interval", type=float, default=0.0, help="sys.setswitchinterval (0: Python's default)")
     return p.parse_args()
@@ -184,10 +184,7 @@ def plain_forward(engine: TransformersEngine, samples: list[PreparedSample]) -> 
     base = engine.base_model()
     with rows_not_packed():  # the engine's own launch path, so the ceiling is as fast as the engine's forward can be
         for batch in length_batches(samples, engine.batch_tokens):
-            ids, _ = pad_right(batch)  # [B, S]; right padding + causal attention: no mask, as the engine
-            if engine.device.type == "cuda":
-                ids = ids.pin_memory().to(engine.device, non_blocking=True)
-            base(input_ids=ids.to(engine.device), use_cache=False)
+            base(input_ids=engine.input_ids(batch), use_cache=False)
     sync(engine.device)
 
 

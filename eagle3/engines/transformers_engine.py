@@ -32,6 +32,7 @@ from eagle3.sample_format import FP8_NAME, quantize_fp8
 from eagle3.store import DTYPES, PreparedSample
 
 CONVENTION = "hf_hidden_states"
+INFLIGHT = 2  # launched batches queued on the device while the host hands one on (2 vs 1: +11%, docs/performance.md)
 
 
 def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
@@ -202,7 +203,7 @@ class TransformersEngine:
         batch_tokens: int = 8192,
         store_dtype: str = "bfloat16",
         models: LoadedModels | None = None,
-        inflight: int = 2,
+        inflight: int = INFLIGHT,
         pace: bool = True,
     ):
         if dtype not in DTYPES:
@@ -220,7 +221,7 @@ class TransformersEngine:
         self.dtype = DTYPES[dtype]
         self.batch_tokens = batch_tokens
         self.fp8 = store_dtype == FP8_NAME
-        self.inflight = inflight  # batches left running on the device while the host hands one on (2: measured)
+        self.inflight = inflight  # batches left running on the device while the host hands one on
         self.pace = pace and self.device.type == "cuda"  # paced_launches (False: the bench's A/B)
         self._layer_events: list[Any] = []  # paced_launches' slots: the last forward's event at each decoder layer
         layers = resolve_aux_layers(aux_layers, facts.num_layers)
@@ -276,15 +277,9 @@ class TransformersEngine:
     @torch.inference_mode()
     def launch(self, batch: Sequence[PreparedSample]) -> InFlight:
         """Run one padded batch; its states arrive on the CPU when `InFlight.outcomes` is read."""
-        ids, _ = pad_right(batch)  # [B, S]
-        # No attention mask: with right padding and causal attention no real row ever sees a padding row (the
-        # states are identical, tested), and a padding mask makes transformers build a 4D mask and wait for the
-        # device, which serialised the host's work with the GPU's (docs/performance.md).
-        if self.device.type == "cuda":  # a pageable copy would wait for the previous batch's forward
-            ids = ids.pin_memory().to(self.device, non_blocking=True)
         base = self.base_model()
         with rows_not_packed(), self._paced(base):
-            out = base(input_ids=ids.to(self.device), output_hidden_states=True, use_cache=False)
+            out = base(input_ids=self.input_ids(batch), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
         last = out.last_hidden_state  # [B, S, H]
@@ -296,6 +291,16 @@ class TransformersEngine:
         if self.device.type != "cuda":
             return InFlight.of(list(batch), [x.to("cpu") for x in tensors], None)
         return self._copy_to_host(list(batch), tensors)
+
+    def input_ids(self, batch: Sequence[PreparedSample]) -> torch.Tensor:
+        """The batch's input ids [B, S] on the device, right-padded. No attention mask goes with them: with right
+        padding and causal attention no real row ever sees a padding row (the states are identical, tested), and a
+        padding mask makes transformers build a 4D mask and wait for the device, which serialised the host's work
+        with the GPU's (docs/performance.md)."""
+        ids, _ = pad_right(batch)  # [B, S]
+        if self.device.type == "cuda":  # a pageable copy would wait for the previous batch's forward
+            return ids.pin_memory().to(self.device, non_blocking=True)
+        return ids.to(self.device)
 
     # -------------------------------------------------------------------------------------
     def _paced(self, base: Any) -> AbstractContextManager[None]:
