@@ -68,7 +68,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--write-mb", type=int, default=256, help="bytes written by the large-file bandwidth probe")
     p.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"])
     p.add_argument("--inflight", type=int, default=INFLIGHT, help="batches queued on the device during a hand-off")
-    p.add_argument("--no-pace", action="store_true", help="the engine's launches unpaced (A/B of paced_launches)")
     p.add_argument("--switch-interval", type=float, default=0.0, help="sys.setswitchinterval (0: Python's default)")
     return p.parse_args()
 
@@ -251,8 +250,7 @@ def main() -> None:
     Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=args.work_dir, prefix="extract-bench-"))
     engine = TransformersEngine(model_dir, device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens,
-                                store_dtype=args.store_dtype, inflight=args.inflight,
-                                pace=not args.no_pace)  # fmt: skip
+                                store_dtype=args.store_dtype, inflight=args.inflight)  # fmt: skip
     cfg = PipelineConfig.model_validate(
         {"run_dir": str(work / "run"), "model": str(model_dir), "extract": {"store_dtype": args.store_dtype},
          "server": {"device": args.device, "dtype": args.dtype, "batch_tokens": args.batch_tokens}}
@@ -283,8 +281,8 @@ def header(args: Any, engine: TransformersEngine, facts: ModelFacts, tokens: int
         f"model {facts.model_type} {facts.num_layers} layers, hidden {facts.hidden_size}, {args.dtype}; "
         f"device {device}; {args.samples} samples in {args.shards} shards, {tokens} tokens per pass "
         f"(lengths {args.seq_len // 2}..{args.seq_len}), {args.repeats} passes, batch_tokens {args.batch_tokens}, "
-        f"writer threads {args.writer_threads}, inflight {args.inflight}, paced {engine.pace}, "
-        f"K={len(engine.info.aux_layers)}; "
+        f"writer threads {args.writer_threads}, inflight {args.inflight}, "
+        f"switch interval {sys.getswitchinterval() * 1e3:g} ms, K={len(engine.info.aux_layers)}; "
         f"torch {v.get('torch')}, transformers {v.get('transformers')}\n"
     )
 

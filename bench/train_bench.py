@@ -64,10 +64,26 @@ def flops_per_token(
     return 3 * (2 * k_aux * h * h + steps * per_step) + 2 * h * v
 
 
+#: The demo target's draft (SmolLM2-135M-Instruct): the quality runs' shape (docs/performance.md).
+SMOLLM2 = {
+    **LLAMA_8B,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_heads": 9,
+    "num_kv_heads": 3,
+    "head_dim": 64,
+    "vocab_size": 49152,
+    "num_layers": 30,
+    "aux_layers": (2, 15, 27),
+    "rope": {"rope_type": "default", "rope_theta": 100000.0},
+}
+
+
 def shape(args: argparse.Namespace) -> dict[str, Any]:
-    """The Llama-3.1-8B draft, or (--tiny) a CPU-sized stand-in that exercises the same code."""
+    """The Llama-3.1-8B draft (--shape smollm2: the demo target's), or (--tiny) a CPU-sized stand-in that
+    exercises the same code."""
     if not args.tiny:
-        return LLAMA_8B
+        return SMOLLM2 if args.shape == "smollm2" else LLAMA_8B
     return {
         **LLAMA_8B,
         "hidden_size": 64,
@@ -271,6 +287,7 @@ def main() -> None:
     ap.add_argument("--modes", default="memory,disk")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="train.parallel (with N > 1)")
+    ap.add_argument("--shape", choices=["llama8b", "smollm2"], default="llama8b", help="the draft's target")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
     ap.add_argument("--out", default="")
     ap.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"], help="make: the store's")

@@ -7,8 +7,7 @@ right padding). We call the base model (no lm_head, so no [B, S, vocab] logits) 
 Each sample's rows [:T] are sliced back out, so padding never reaches the store. For an FP8 store
 (extract.store_dtype: float8_e4m3) the batch is quantized on the device (eagle3.sample_format.quantize_fp8)
 before the device-to-host copy, so the copy and the writers move half the bytes. On CUDA two batches stay
-queued on the device while the host hands the oldest one on, and the launches are paced (paced_launches) so
-that the forward thread never blocks in a full launch queue while holding the GIL the writer threads need.
+queued on the device while the host hands the oldest one on.
 """
 
 from __future__ import annotations
@@ -16,11 +15,11 @@ from __future__ import annotations
 import importlib.metadata
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -77,66 +76,6 @@ def rows_not_packed() -> Iterator[None]:
         _hint.unpacked = outer
 
 
-class DeviceEvent(Protocol):
-    def record(self) -> None: ...
-    def synchronize(self) -> None: ...
-
-
-class StreamMark:
-    """A CUDA event recorded on a given stream; waiting on it sleeps (blocking sync) and releases the GIL."""
-
-    def __init__(self, stream: torch.cuda.Stream) -> None:
-        self.stream, self.event = stream, torch.cuda.Event(blocking=True)
-
-    def record(self) -> None:
-        self.event.record(self.stream)
-
-    def synchronize(self) -> None:
-        self.event.synchronize()
-
-
-_pace = threading.local()
-_pace_lock = threading.Lock()
-
-
-@contextmanager
-def paced_launches(layers: Any, events: list[Any], new_event: Callable[[], DeviceEvent]) -> Iterator[None]:
-    """Inside: before launching decoder layer i, wait until the device has reached layer i of the previous forward
-    run in this block's `events` (one slot per layer, kept by the caller across forwards), then mark layer i of this
-    one.
-
-    Why: a forward of a 16-layer model is ~600 kernel launches; launched while the previous forward is still
-    queued, they overflow the device's launch queue, and a launch that finds the queue full blocks holding the
-    GIL, so the writer threads stall for most of every batch (docs/performance.md, session 8). Waiting on an
-    event releases the GIL, and at most about one forward's launches are ever queued. The hooks are installed once
-    per layer list and do nothing outside the block or in other threads (engines sharing the model)."""
-    with _pace_lock:
-        if not getattr(layers, "eagle3_paced", False):
-            for i, layer in enumerate(layers):
-                layer.register_forward_pre_hook(_pace_hook(i))
-            layers.eagle3_paced = True
-    outer = getattr(_pace, "state", None)
-    _pace.state = (events, new_event)
-    try:
-        yield
-    finally:
-        _pace.state = outer
-
-
-def _pace_hook(i: int) -> Callable[..., None]:
-    def before_layer(module: Any, args: Any) -> None:
-        state = getattr(_pace, "state", None)
-        if state is None:
-            return
-        events, new_event = state
-        if events[i] is not None:
-            events[i].synchronize()  # without the GIL: the writers run meanwhile
-        events[i] = new_event()
-        events[i].record()
-
-    return before_layer
-
-
 class LoadedModels:
     """Causal LMs loaded once for whoever holds this object: the engines of one server pool on one device share one
     copy of the weights. Not process-wide: the weights go when the holder calls `clear()` or lets go of it."""
@@ -190,8 +129,7 @@ class TransformersEngine:
     """Runs the target model in this process. The model loads on the first `extract` call, so a
     caller can build the engine, read `info`, and skip finished shards without loading weights. Engines given the
     same `models` share the weights (a server pool's engines); without it the engine loads its own. `inflight`: how
-    many launched batches stay queued on the device while the host hands the oldest one's states on. `pace` (CUDA):
-    each decoder layer's launch waits, without the GIL, for the previous batch to reach that layer (paced_launches)."""
+    many launched batches stay queued on the device while the host hands the oldest one's states on."""
 
     def __init__(
         self,
@@ -204,7 +142,6 @@ class TransformersEngine:
         store_dtype: str = "bfloat16",
         models: LoadedModels | None = None,
         inflight: int = INFLIGHT,
-        pace: bool = True,
     ):
         if dtype not in DTYPES:
             raise ValueError(f"server.dtype {dtype!r}: expected one of {sorted(DTYPES)}")
@@ -222,8 +159,6 @@ class TransformersEngine:
         self.batch_tokens = batch_tokens
         self.fp8 = store_dtype == FP8_NAME
         self.inflight = inflight  # batches left running on the device while the host hands one on
-        self.pace = pace and self.device.type == "cuda"  # paced_launches (False: the bench's A/B)
-        self._layer_events: list[Any] = []  # paced_launches' slots: the last forward's event at each decoder layer
         layers = resolve_aux_layers(aux_layers, facts.num_layers)
         self.info = EngineInfo(
             name="transformers",
@@ -278,7 +213,7 @@ class TransformersEngine:
     def launch(self, batch: Sequence[PreparedSample]) -> InFlight:
         """Run one padded batch; its states arrive on the CPU when `InFlight.outcomes` is read."""
         base = self.base_model()
-        with rows_not_packed(), self._paced(base):
+        with rows_not_packed():
             out = base(input_ids=self.input_ids(batch), output_hidden_states=True, use_cache=False)
         hs = out.hidden_states  # N+1 x [B, S, H]; hs[-1] is the post-norm output
         aux = torch.stack([hs[i] for i in self.info.aux_layers], dim=2)  # [B, S, K, H]
@@ -303,15 +238,6 @@ class TransformersEngine:
         return ids.to(self.device)
 
     # -------------------------------------------------------------------------------------
-    def _paced(self, base: Any) -> AbstractContextManager[None]:
-        layers = getattr(base, "layers", None)
-        if not self.pace or layers is None:
-            return nullcontext()
-        if len(self._layer_events) != len(layers):
-            self._layer_events = [None] * len(layers)
-        stream = torch.cuda.current_stream(self.device)  # where the model's kernels go (not the current device's)
-        return paced_launches(layers, self._layer_events, lambda: StreamMark(stream))
-
     def _copy_to_host(self, batch: list[PreparedSample], tensors: list[torch.Tensor]) -> InFlight:
         """Device -> pinned host copies on a side stream, so they overlap the next batch's forward."""
         if self._copy_stream is None:

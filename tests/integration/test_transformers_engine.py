@@ -12,7 +12,6 @@ the neighbouring layer's worst token is >= 0.26 away on these texts.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -275,50 +274,3 @@ def test_an_out_of_memory_batch_hands_on_the_queued_ones_first_then_retries_alon
     assert all(isinstance(o, Captured) for o in out)
     assert sorted(o.sample.sample_id for o in out) == sorted(s.sample_id for s in samples)
     assert [o.sample.sample_id for o in out][:3] == calls[:3]  # the two queued first, then the retried one
-
-
-class RecordedEvent:
-    """Stands in for torch.cuda.Event on CPU (no device here): logs its record and synchronize calls."""
-
-    def __init__(self, log: list[tuple[str, int]], ids: list[int]) -> None:
-        self.log, self.id = log, len(ids)
-        ids.append(self.id)
-
-    def record(self) -> None:
-        self.log.append(("record", self.id))
-
-    def synchronize(self) -> None:
-        self.log.append(("wait", self.id))
-
-
-def test_paced_launches_wait_for_the_previous_forward_at_each_layer_and_only_inside_the_block(
-    engine32: TransformersEngine,
-) -> None:
-    from eagle3.engines.transformers_engine import paced_launches
-
-    base = engine32.base_model()
-    layers = base.layers
-    log: list[tuple[str, int]] = []
-    ids: list[int] = []
-    slots: list[Any] = [None] * len(layers)
-    x = torch.tensor([[1, 2, 3, 4]])
-    with torch.inference_mode():
-        with paced_launches(layers, slots, lambda: RecordedEvent(log, ids)):
-            ref = base(input_ids=x, use_cache=False).last_hidden_state
-            first = list(log)
-            out = base(input_ids=x, use_cache=False).last_hidden_state
-        n = len(layers)
-        assert first == [("record", i) for i in range(n)]  # the first forward has nothing to wait for
-        # the second: before layer i, wait for the first forward's mark at layer i, then mark its own
-        assert log[n:] == [e for i in range(n) for e in (("wait", i), ("record", n + i))]
-        assert torch.equal(out, ref)  # the hooks change nothing in the computation
-        before = len(log)
-        base(input_ids=x, use_cache=False)  # outside the block: no waits, no marks
-        with paced_launches(layers, slots, lambda: RecordedEvent(log, ids)):  # installed once: one hook per layer
-            base(input_ids=x, use_cache=False)
-            assert len(log) == before + 2 * n
-            other = threading.Thread(target=lambda: base(input_ids=x, use_cache=False))  # another engine's thread
-            other.start()
-            other.join()
-    assert len(log) == before + 2 * n
-    assert not engine32.pace  # on CPU the engine does not pace (launches do not queue there)
