@@ -4,8 +4,15 @@
 # Usage: bash bench/device/quality.sh ROOT   (logs in ROOT/logs, a line per finished step in ROOT/steps)
 # Env: SELF_INSTRUCT (3000), EPOCHS (the config's: 10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
 #      CHOICE_FRACTION (1: the training-choice variants on that fraction of the data), CURVE (1: the epoch curve),
-#      K5 (1: the bf16/FP8 drafts evaluated at k=5 too)
-# A CPU rehearsal: NO_WHEELS=1 PY=.venv/bin/python QEXTRA='--tiny --set ...' bash bench/device/quality.sh /tmp/qr
+#      K5 (1: the bf16/FP8 drafts evaluated at k=5 too), CORPUS (a corpus.tgz q_poll.sh brought back from an earlier
+#      run with the same data settings: its prompts, prepared and synthesized data, which the stages then find
+#      current and skip; ~5 minutes of the device's time)
+# A CPU rehearsal (~1 minute; add CORPUS=<its corpus.tgz> to a second one):
+#   NO_WHEELS=1 PY=.venv/bin/python SELF_INSTRUCT=6 FP8=0 VARIANTS= CURVE=0 K5=0 QEXTRA='--tiny --set prompts.include=[]
+#   --set prompts.max_new_tokens=24 --set synthesize.max_new_tokens=16 --set evaluate.max_new_tokens=4
+#   --set train.heldout_fraction=0 --set train.select=last --set train.batch_tokens=512 --set train.max_steps=2
+#   --set train.draft_vocab_size=256 --set evaluate.sets=[{"name":"varied","dataset":"data/eval_varied_prompts.jsonl","num_prompts":1}]'
+#   bash bench/device/quality.sh /tmp/qc; OUT=/tmp/qc_out bash bench/device/q_poll.sh /tmp/qc 5
 # The device tool ends a call's processes when it returns; q_start.sh runs this under setsid so that it goes on
 # between calls, and q_poll.sh watches it.
 source bench/device/setup.sh   # run from the repository root (q_start.sh runs a copy of this file)
@@ -21,6 +28,7 @@ TRAIN="${EPOCHS:+--set train.epochs=$EPOCHS} --set train.checkpoint_every=50 --s
  --set train.log_every=20 --set evaluate.offline_dtype=float32 ${QEXTRA:-}"
 step() { echo "$(date +%s) $*" >> "$R/steps"; }
 step start
+if [ -n "${CORPUS:-}" ]; then mkdir -p "$R" && tar xzf "$CORPUS" -C "$R" && step corpus "$CORPUS"; fi
 $Q --root $R/bf16 $DATA $TRAIN --until convert > $L/bf16-data.log 2>&1 || { step FAILED bf16-data; exit 1; }
 step data
 # Every draft is a chain, train then evaluate, and all chains run at once: a small variant is evaluated while the
