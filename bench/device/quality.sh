@@ -4,9 +4,9 @@
 # Usage: bash bench/device/quality.sh ROOT   (logs in ROOT/logs, a line per finished step in ROOT/steps)
 # Env: SELF_INSTRUCT (3000), EPOCHS (the config's: 10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
 #      CHOICE_FRACTION (1: the training-choice variants on that fraction of the data), CURVE (1: the epoch curve),
-#      K5 (1: the bf16/FP8 drafts evaluated at k=5 too), CORPUS (a corpus.tgz q_poll.sh brought back from an earlier
-#      run with the same data settings: its prompts, prepared and synthesized data, which the stages then find
-#      current and skip; ~5 minutes of the device's time)
+#      K5 (1: the bf16/FP8 drafts evaluated at k=5 too), GAP (1: bench/acceptance_gap.py on the bf16 draft),
+#      CORPUS (a corpus.tgz q_poll.sh brought back from an earlier run with the same data settings: its prompts,
+#      prepared and synthesized data, which the stages then find current and skip; ~5 minutes of the device's time)
 # A CPU rehearsal (~1 minute; add CORPUS=<its corpus.tgz> to a second one):
 #   NO_WHEELS=1 PY=.venv/bin/python SELF_INSTRUCT=6 FP8=0 VARIANTS= CURVE=0 K5=0 QEXTRA='--tiny --set prompts.include=[]
 #   --set prompts.max_new_tokens=24 --set synthesize.max_new_tokens=16 --set evaluate.max_new_tokens=4
@@ -40,6 +40,10 @@ chain() {  # NAME TRAIN-ARGS EVAL-SETS EVAL-ARGS: train, then one evaluation pro
   $Q $DATA $TRAIN $args --until train > $L/$name-train.log 2>&1 || { step FAILED $name-train; return 1; }
   step trained $name
   for s in $sets; do $Q $DATA $TRAIN $args $eargs --eval-only $s > $L/$name-eval-$s.log 2>&1 & done
+  if [ "$name" = bf16 ] && [ "${GAP:-1}" = 1 ]; then  # decoding vs training-time acceptance, set by set
+    for s in $sets; do ${PY:-python3} bench/acceptance_gap.py --config configs/varied-corpus.yaml --data-dir /tmp/qdata \
+      --run-dir $R/bf16/run --checkpoint $R/bf16/run/train --sets $s > $L/bf16-gap-$s.log 2>&1 & done
+  fi
   wait
   step evaluated $name
 }
