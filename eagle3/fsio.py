@@ -6,6 +6,7 @@ rename, fsync the directory. A file that exists under its final name is complete
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -79,6 +80,8 @@ def writev_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     views = [memoryview(p).cast("B") for p in parts if len(p)]
     while views:
         done = os.writev(fd, views[:IOV_BATCH])
+        if not done:  # a regular file reports a full disk as an error; never spin on a device that takes nothing
+            raise OSError(errno.EIO, f"writev to fd {fd} wrote nothing")
         while views and done >= len(views[0]):  # a short write (a signal, > 2 GiB) resumes where it stopped
             done -= len(views[0])
             views.pop(0)

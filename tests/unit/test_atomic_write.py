@@ -44,3 +44,10 @@ def test_short_writes_resume_where_the_kernel_stopped(tmp_path: Path, monkeypatc
     fsio.atomic_write_parts(path, parts())
     assert path.read_bytes() == b"".join(bytes(p) for p in parts())
     assert max(calls) == 2 and len(calls) >= sum(len(p) for p in parts()) // 1000
+
+
+def test_a_write_that_takes_nothing_fails_and_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fsio.os, "writev", lambda fd, buffers: 0)
+    with pytest.raises(OSError, match="wrote nothing"):
+        fsio.atomic_write_parts(tmp_path / "sample.bin", parts())
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary
