@@ -5,9 +5,10 @@
 # Env: SELF_INSTRUCT (3000), EPOCHS (the config's: 10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
 #      CHOICE_FRACTION (1: the training-choice variants on that fraction of the data), CURVE (1: the epoch curve),
 #      K5 (1: the bf16/FP8 drafts evaluated at k=5 too), GAP (1: bench/acceptance_gap.py on the bf16 draft),
-#      CORPUS (a corpus.tgz q_poll.sh brought back from an earlier run with the same data settings: its prompts,
-#      prepared and synthesized data, which the stages then find current and skip; ~5 minutes of the device's time)
-# A CPU rehearsal (~1 minute; add CORPUS=<its corpus.tgz> to a second one):
+#      CORPUS (PATH/corpus.tgz: the parts PATH/corpus.tgz.00, .01, ... that q_poll.sh brought back from an earlier
+#      run with the same data settings: its prompts, prepared and synthesized data, which the stages then find
+#      current and skip; ~5 minutes of the device's time)
+# A CPU rehearsal (~1 minute; add CORPUS=/tmp/qc_out/corpus.tgz to a second one):
 #   NO_WHEELS=1 PY=.venv/bin/python SELF_INSTRUCT=6 FP8=0 VARIANTS= CURVE=0 K5=0 QEXTRA='--tiny --set prompts.include=[]
 #   --set prompts.max_new_tokens=24 --set synthesize.max_new_tokens=16 --set evaluate.max_new_tokens=4
 #   --set train.heldout_fraction=0 --set train.select=last --set train.batch_tokens=512 --set train.max_steps=2
@@ -28,7 +29,7 @@ TRAIN="${EPOCHS:+--set train.epochs=$EPOCHS} --set train.checkpoint_every=50 --s
  --set train.log_every=20 --set evaluate.offline_dtype=float32 ${QEXTRA:-}"
 step() { echo "$(date +%s) $*" >> "$R/steps"; }
 step start
-if [ -n "${CORPUS:-}" ]; then mkdir -p "$R" && tar xzf "$CORPUS" -C "$R" && step corpus "$CORPUS"; fi
+if [ -n "${CORPUS:-}" ]; then mkdir -p "$R" && cat "$CORPUS".* | tar xzf - -C "$R" && step corpus "$CORPUS"; fi
 $Q --root $R/bf16 $DATA $TRAIN --until convert > $L/bf16-data.log 2>&1 || { step FAILED bf16-data; exit 1; }
 step data
 # Every draft is a chain, train then evaluate, and all chains run at once: a small variant is evaluated while the
