@@ -1,7 +1,7 @@
 """Where a draft's decoding acceptance parts from its training-time measure, set by set (issue #18).
 
     .venv/bin/python bench/acceptance_gap.py --config C --run-dir R --checkpoint CKPT [--steps 3] [--max-new-tokens 64]
-    (quality.sh runs it on its bf16 draft: logs/bf16-gap.log)
+    (quality.sh runs it on its bf16 draft, one process per set: logs/bf16-gap-SET.log)
 
 The trainer reports a teacher-forced acceptance on its held-out slice (eagle3/draft/loss.py `chain_acceptance`): a
 k-step chain started at *every* answer position, fed the true tokens. Decoding starts a chain only where the
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle3.chat import ChatTokenizer
 from eagle3.config import load_config
 from eagle3.draft.load import load_draft
+from eagle3.draft.loss import draft_to_target_ids
 from eagle3.draft.model import Eagle3Draft, dense_attend
 from eagle3.evaluate.decode import EagleDrafter, Target, speculative_decode
 from eagle3.evaluate.offline import aux_layers_of, load_eval_sets, load_target
@@ -41,13 +42,16 @@ from eagle3.model_files import resolve_model
 def chain_runs(target: Target, draft: Eagle3Draft, seq: list[int], steps: int) -> list[int]:
     """runs[t]: how many of the k = `steps` drafts a chain after x[..t+1] gets right in a row (step i at t
     predicts x[t+2+i]), from one target forward and one TTT forward of the draft over `seq`."""
+    from transformers import DynamicCache
+
     n = len(seq)
+    _, aux = target.forward(seq, DynamicCache(), aux=True, last_only=False)  # aux [n, K, H], as decoding reads it
+    assert aux is not None
     ids = torch.tensor(seq, device=target.device)
-    out = target.model(input_ids=ids[None], output_hidden_states=True, use_cache=False)
-    aux = torch.stack([out.hidden_states[i][0] for i in target.aux_layers], dim=1)  # [n, K, H]
     positions = torch.arange(n, device=target.device)
     logits = draft(ids, aux, positions, n - 1 - positions, dense_attend(torch.zeros_like(ids)), steps)
-    preds = [(x.argmax(-1) + draft.d2t[x.argmax(-1)]).tolist() for x in logits]  # target ids, steps x [n]
+    to_target = draft_to_target_ids(draft.d2t)
+    preds = [to_target[x.argmax(-1)].tolist() for x in logits]  # target ids, steps x [n]
     runs = []
     for t in range(n):
         run = 0
