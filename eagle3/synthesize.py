@@ -50,6 +50,7 @@ from eagle3.prepare import (
     write_prepared,
 )
 from eagle3.progress import Progress, ProgressCounter, ProgressFn, no_progress
+from eagle3.sample_ids import sample_keys
 from eagle3.store import DTYPES, BadRow, PreparedManifest, RunStore
 from eagle3.user_turns import clean_user_text, next_user_messages, sample_seed
 
@@ -110,11 +111,6 @@ class Job:
     source_id: str = ""  # the source sample's id ("" : sample_id)
     temperature: float | None = None  # None: synthesize.temperature
     user_turns: int = 0  # user turns the target writes after the source's own turns (synthesize.user_turns)
-
-
-def sample_keys(source_id: str, samples_per_prompt: int) -> list[str]:
-    """Checkpoint keys of a source sample's generated samples: its id, then `<id>.s1`, `<id>.s2`, ..."""
-    return [source_id, *(f"{source_id}.s{k}" for k in range(1, samples_per_prompt))]
 
 
 def expand_jobs(sample_id: str, source: str, messages: list[Message], scfg: SynthesizeConfig) -> list[Job]:

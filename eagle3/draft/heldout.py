@@ -4,9 +4,11 @@
     heldout_rows(heldout, batch_tokens, max)  -> rows of samples       the measured ones, packed, in index order
     HeldoutTally                                                       sums per checkpoint -> the "heldout" record
 
-A sample is held out when sha256(sample_id), read as a number in [0, 1), is below train.heldout_fraction: the
-split is the same on resume, in every process, and when the store grows (a sample never moves between the two
-sides; a larger fraction only adds held-out samples). The trainer measures the held-out rows at every checkpoint
+A sample is held out when sha256 of its source's id (eagle3/sample_ids.py: every synthesized answer to one prompt
+has the same), read as a number in [0, 1), is below train.heldout_fraction: all answers to a prompt fall on one
+side, so the held-out figure measures prompts the draft never trained on; the split is the same on resume, in
+every process, and when the store grows (a sample never moves between the two sides; a larger fraction only adds
+held-out samples). The trainer measures the held-out rows at every checkpoint
 with its own TTT forward and loss (eagle3/draft/loss.py, no gradient): per-TTT-step accuracy and the
 teacher-forced acceptance length of a k-step chain (`chain_acceptance`).
 """
@@ -22,11 +24,13 @@ import torch
 
 from eagle3.draft.data import DataError, Sample
 from eagle3.draft.loss import TTTLoss, chain_acceptance
+from eagle3.sample_ids import source_of
 
 
 def heldout_score(sample_id: str) -> float:
-    """sha256 of the sample id as a number in [0, 1): the same on every machine and in every process."""
-    return int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big") / 2**64
+    """sha256 of the sample's source id as a number in [0, 1): the same on every machine and in every process,
+    and for every answer to one prompt."""
+    return int.from_bytes(hashlib.sha256(source_of(sample_id).encode()).digest()[:8], "big") / 2**64
 
 
 def is_heldout(sample_id: str, fraction: float) -> bool:

@@ -21,6 +21,7 @@ from eagle3.draft.data import DataError, Sample
 from eagle3.draft.heldout import heldout_rows, heldout_score, split_heldout
 from eagle3.draft.loss import TTTLoss, chain_acceptance
 from eagle3.fsio import atomic_write_json
+from eagle3.sample_ids import sample_keys, source_of
 
 INDEX = Path("run/index.arrow")
 
@@ -45,6 +46,22 @@ def test_the_split_is_disjoint_complete_stable_and_survives_growth_of_the_store(
     assert set(ids(held)) <= set(ids(more))
     assert ids(held) == [s.sample_id for s in store if heldout_score(s.sample_id) < 0.05]  # index order kept
     assert split_heldout(store, 0.0, INDEX) == (store, [])
+
+
+def test_every_answer_to_one_prompt_is_on_the_same_side_of_the_split_and_of_the_data_fraction() -> None:
+    # synthesize.samples_per_prompt = 3: a prompt's answers are <id>, <id>.s1, <id>.s2 (eagle3/sample_ids.py); a
+    # held-out answer whose sibling was trained on would measure a prompt the draft has seen
+    store = [
+        Sample(Path(f"{k}.safetensors"), 10, key)
+        for i in range(600)
+        for k, key in enumerate(sample_keys(f"prompt-{i:04d}", 3))
+    ]
+    train, held = split_heldout(store, 0.1, INDEX)
+    assert 20 <= len(held) // 3 <= 100 and len(held) % 3 == 0
+    assert {source_of(s) for s in ids(held)}.isdisjoint(source_of(s) for s in ids(train))
+    half, _ = split_heldout(store, 0.1, INDEX, data_fraction=0.5)
+    assert len(half) % 3 == 0 and 0 < len(half) < len(train)  # the data-size curve keeps or drops whole prompts
+    assert source_of("ab12.s7") == "ab12" and source_of("ab12.s0") == "ab12.s0" and source_of("a.s1x") == "a.s1x"
 
 
 def test_a_fraction_that_leaves_no_training_or_no_heldout_sample_is_an_error_naming_the_key() -> None:

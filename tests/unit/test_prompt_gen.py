@@ -13,7 +13,8 @@ from eagle3.dedup import NearDuplicates, dedup, normalize, shingles
 from eagle3.generate_client import GenerationClient
 from eagle3.prompt_gen import eval_prompt_texts, load_grid, pick_cells, prompt_text
 from eagle3.row_sampler import RowSampler, uniforms
-from eagle3.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, sample_keys, turn_prompt
+from eagle3.sample_ids import sample_keys
+from eagle3.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, turn_prompt
 from eagle3.user_turns import clean_user_text, sample_seed
 
 ROOT = Path(__file__).resolve().parents[2]
