@@ -1,7 +1,8 @@
 """Where a draft's decoding acceptance parts from its training-time measure, set by set (issue #18).
 
     .venv/bin/python bench/acceptance_gap.py --config C --run-dir R --checkpoint CKPT [--steps 3] [--max-new-tokens 64]
-    (quality.sh runs it on its bf16 draft, one process per set: logs/bf16-gap-SET.log)
+    (quality.sh runs it on its bf16 draft, one process per set: logs/bf16-gap-SET.log; --extra-set NAME=PATH adds
+    a set of chat rows, e.g. new requests from the prompts stage: docs/performance.md "Quality run 7")
 
 The trainer reports a teacher-forced acceptance on its held-out slice (eagle3/draft/loss.py `chain_acceptance`): a
 k-step chain started at *every* answer position, fed the true tokens. Decoding starts a chain only where the
@@ -30,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3.chat import ChatTokenizer
-from eagle3.config import load_config
+from eagle3.config import EvalSetConfig, load_config
 from eagle3.draft.load import load_draft
 from eagle3.draft.loss import draft_to_target_ids
 from eagle3.draft.model import Eagle3Draft, dense_attend
@@ -72,8 +73,13 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--data-dir", type=Path, default=None, help="where the model is installed (default: the config's)")
     ap.add_argument("--sets", default="", help="comma-separated set names (default: all of the config's)")
+    ap.add_argument("--extra-set", action="append", default=[], metavar="NAME=PATH",
+                    help="another set: every row of a chat-rows JSONL file (a prompts.jsonl)")  # fmt: skip
     args = ap.parse_args()
     cfg = load_config(args.config)
+    extra = [EvalSetConfig(name=n, dataset=p, format="chat", kind="extra", num_prompts=10**9)
+             for n, p in (e.split("=", 1) for e in args.extra_set)]  # fmt: skip
+    cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"sets": [*cfg.evaluate.sets, *extra]})})
     model_dir = resolve_model(cfg.model, args.data_dir or Path(cfg.data_dir))
     target = load_target(model_dir, aux_layers_of(args.run_dir), device=args.device, dtype="float32")
     draft = load_draft(model_dir, args.checkpoint, device=target.device)
