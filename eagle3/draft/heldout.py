@@ -26,6 +26,10 @@ from eagle3.draft.data import DataError, Sample
 from eagle3.draft.loss import TTTLoss, chain_acceptance
 from eagle3.sample_ids import source_of
 
+#: The split rule, recorded in every checkpoint: a training whose checkpoints lack it chose its held-out samples by
+#: their own id (before this rule), and resuming it here would train on prompts it holds out.
+SPLIT_RULE = "by-prompt"
+
 
 def heldout_score(sample_id: str) -> float:
     """sha256 of the sample's source id as a number in [0, 1): the same on every machine and in every process,

@@ -45,7 +45,7 @@ from eagle3.draft.checkpoint import (
     step_dir,
 )
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map, read_row
-from eagle3.draft.heldout import HeldoutTally, heldout_rows, split_heldout
+from eagle3.draft.heldout import SPLIT_RULE, HeldoutTally, heldout_rows, split_heldout
 from eagle3.draft.loss import TTTLoss, target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
 from eagle3.draft.warm_start import WarmStart, warm_start
@@ -306,6 +306,12 @@ class Trainer:
         if self.checkpoint is not None:
             state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
             check_resumable(self.checkpoint, state.get("config", {}), self.cfg)
+            if self.cfg.heldout_fraction > 0 and state.get("heldout_split") != SPLIT_RULE:
+                raise TrainError(
+                    f"{self.checkpoint}: its held-out slice was chosen sample by sample, before the split kept every "
+                    f"answer to a prompt on one side ({SPLIT_RULE}); resuming would train on held-out prompts. Move "
+                    f"{self.ckpt_dir.parent} away to train from scratch"
+                )
             self.step, self.pos = state["step"], DataPosition(**state["data_position"])
             if self.cfg.select == "best" and self.rank == 0:  # a kill between latest.json and best.json
                 select_best(self.ckpt_dir)
@@ -477,6 +483,7 @@ class Trainer:
                 "world": self.world,
                 "total_steps": self.total_steps,
                 "config": self.cfg.model_dump(mode="json"),
+                "heldout_split": SPLIT_RULE,
             }
             if heldout is not None:
                 state["heldout"] = heldout

@@ -113,6 +113,19 @@ def test_a_checkpoint_from_before_the_heldout_keys_does_not_resume_with_a_heldou
         assert t.step == 2
 
 
+def test_a_checkpoint_from_the_sample_by_sample_split_does_not_resume_with_a_heldout_slice(
+    store: Path, tmp_path: Path
+) -> None:
+    with Trainer.build(job(store, tmp_path, max_steps=2)) as t:
+        t.run()
+    state_json = tmp_path / "checkpoints" / "step-00000002" / "state.json"
+    state = json.loads(state_json.read_text())
+    assert state.pop("heldout_split") == "by-prompt"  # as written before the split was by prompt
+    state_json.write_text(json.dumps(state))
+    with pytest.raises(TrainError, match=r"step-00000002: its held-out slice was chosen sample by sample.*away"):
+        Trainer.build(job(store, tmp_path, max_steps=4))
+
+
 def wreck(t: Trainer) -> None:
     """Weights no optimizer step can repair: every later checkpoint measures worse than the trained ones."""
     with torch.no_grad():
