@@ -8,9 +8,9 @@ A sample is held out when sha256 of its source's id (eagle3/sample_ids.py: every
 has the same), read as a number in [0, 1), is below train.heldout_fraction: all answers to a prompt fall on one
 side, so the held-out figure measures prompts the draft never trained on; the split is the same on resume, in
 every process, and when the store grows (a sample never moves between the two sides; a larger fraction only adds
-held-out samples). The trainer measures the held-out rows at every checkpoint
-with its own TTT forward and loss (eagle3/draft/loss.py, no gradient): per-TTT-step accuracy and the
-teacher-forced acceptance length of a k-step chain (`chain_acceptance`).
+held-out samples). The trainer measures the held-out rows at every checkpoint with its own TTT forward and loss
+(eagle3/draft/loss.py, no gradient): per-TTT-step accuracy and the teacher-forced acceptance length of a k-step
+chain (`chain_acceptance`).
 """
 
 from __future__ import annotations
