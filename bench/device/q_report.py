@@ -123,6 +123,13 @@ def main() -> None:
         print("|---|---:|---:|")
         for c in cats["categories"]:
             print(f"| {c['category']} | {c['num_prompts']} | {c['acceptance_length']:.3f} |")
+    gaps = [line for log in sorted((root / "logs").glob("*-gap-*.log")) for line in log.read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| set ")]  # fmt: skip
+    if gaps:
+        print("\n### Decoding vs training-time acceptance (bench/acceptance_gap.py, bf16 draft)\n")
+        print("| set | prompts | rounds | decode | replayed (rounds differing) | every pos. | first-position rate: "
+              "round starts / every pos. |\n|---|---:|---:|---:|---:|---:|---|")  # fmt: skip
+        print("\n".join(gaps))
     stages = []
     for log in sorted((root / "logs").glob("*.log")):
         for line in log.read_text().splitlines():
