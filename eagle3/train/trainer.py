@@ -124,9 +124,11 @@ RESUMABLE_CHANGES = frozenset(
 )  # fmt: skip
 
 
-def check_resumable(checkpoint: Path, saved: dict[str, Any], cfg: TrainConfig) -> None:
-    """Refuse to resume a checkpoint written under different training settings (names both values). A key the
-    checkpoint does not record (written before the key existed) ran with the key's default."""
+def check_resumable(checkpoint: Path, state: dict[str, Any], cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint (its state.json: `state`) written under different training settings (names
+    both values), or, with a held-out slice, under another split rule. A key the checkpoint does not record
+    (written before the key existed) ran with the key's default."""
+    saved = state.get("config", {})
     now, default = cfg.model_dump(mode="json"), TrainConfig.model_validate({}).model_dump(mode="json")
     was = {k: saved.get(k, default[k]) for k in now}
     changed = {k: (was[k], now[k]) for k in now if k not in RESUMABLE_CHANGES and was[k] != now[k]}
@@ -135,6 +137,12 @@ def check_resumable(checkpoint: Path, saved: dict[str, Any], cfg: TrainConfig) -
         raise TrainError(
             f"{checkpoint}: written with other train settings ({diff}); resuming would mix two trainings. "
             f"Restore those settings, or move {checkpoint.parent.parent} away to train from scratch"
+        )
+    if cfg.heldout_fraction > 0 and state.get("heldout_split") != SPLIT_RULE:
+        raise TrainError(
+            f"{checkpoint}: its held-out slice was chosen sample by sample, before the split kept every answer to "
+            f"a prompt on one side ({SPLIT_RULE}); resuming would train on held-out prompts. Move "
+            f"{checkpoint.parent.parent} away to train from scratch"
         )
 
 
@@ -305,13 +313,7 @@ class Trainer:
         self.checkpoint: Path | None = latest_checkpoint(self.ckpt_dir)
         if self.checkpoint is not None:
             state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
-            check_resumable(self.checkpoint, state.get("config", {}), self.cfg)
-            if self.cfg.heldout_fraction > 0 and state.get("heldout_split") != SPLIT_RULE:
-                raise TrainError(
-                    f"{self.checkpoint}: its held-out slice was chosen sample by sample, before the split kept every "
-                    f"answer to a prompt on one side ({SPLIT_RULE}); resuming would train on held-out prompts. Move "
-                    f"{self.ckpt_dir.parent} away to train from scratch"
-                )
+            check_resumable(self.checkpoint, state, self.cfg)
             self.step, self.pos = state["step"], DataPosition(**state["data_position"])
             if self.cfg.select == "best" and self.rank == 0:  # a kill between latest.json and best.json
                 select_best(self.ckpt_dir)
