@@ -30,8 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.chat import ChatTokenizer
 from eagle3.config import EvalSetConfig, load_config
+from eagle3.data.chat import ChatTokenizer
 from eagle3.draft.load import load_draft
 from eagle3.draft.loss import draft_to_target_ids
 from eagle3.draft.model import Eagle3Draft, dense_attend

@@ -42,8 +42,8 @@ from eagle3.convert import (  # noqa: E402
     import_speculators,
 )
 from eagle3.convert.common import ordered_map  # noqa: E402
-from eagle3.fsio import atomic_write_with  # noqa: E402
-from eagle3.store import RunStore  # noqa: E402
+from eagle3.store.fsio import atomic_write_with  # noqa: E402
+from eagle3.store.run_store import RunStore  # noqa: E402
 
 COPY = "copy (read + write + fsync per file)"
 

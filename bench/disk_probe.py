@@ -8,7 +8,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eagle3.fsio import atomic_write_bytes
+from eagle3.store.fsio import atomic_write_bytes
 
 
 def write_bandwidth(directory: Path, total: int, file_size: int, threads: int) -> float:

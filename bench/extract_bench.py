@@ -42,10 +42,10 @@ import torch
 from disk_probe import write_bandwidth  # bench/, beside this script
 
 from eagle3.config import PipelineConfig
-from eagle3.engines.transformers_engine import INFLIGHT, TransformersEngine, length_batches, rows_not_packed
-from eagle3.extract import WRITER_THREADS, extract_shard, open_run
+from eagle3.extract.engines.transformers_engine import INFLIGHT, TransformersEngine, length_batches, rows_not_packed
+from eagle3.extract.shard import WRITER_THREADS, extract_shard, open_run
 from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
-from eagle3.store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
+from eagle3.store.run_store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
 from eagle3.versions import library_versions
 
 MB = 1 << 20
@@ -93,9 +93,9 @@ class Profile:
         setattr(owner, name, timed)
 
     def install(self) -> None:
-        import eagle3.extract as ex
-        import eagle3.sample_format as sf
-        from eagle3.engines import transformers_engine as te
+        import eagle3.extract.shard as ex
+        import eagle3.store.sample_format as sf
+        from eagle3.extract.engines import transformers_engine as te
 
         self.wrap(ex.SampleWriter, "submit", "submit-blocked")
         self.wrap(ex.SampleWriter, "close", "shard-drain")  # the shard's last writes, nothing left on the device

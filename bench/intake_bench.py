@@ -7,7 +7,7 @@
     alone    the same 100 conversations into an empty store: prepare + open_run + extract
 
 ratio = intake / alone (target <= 1.2: the old store is not read beyond its manifests, prepared ids and file
-headers). Both run the real code path (eagle3.prepare, eagle3.extract, the transformers engine writing real
+headers). Both run the real code path (eagle3.data.prepare, eagle3.extract.shard, the transformers engine writing real
 sample files) on a synthetic target with a tiny hidden size (random Llama, H=64, 4 layers, the demo model's
 tokenizer and chat template), so that a 10,000-sample store fits a laptop: with a real target, extracting the
 100 new samples costs far more and the ratio is closer to 1. The engine is built once, outside the timings
@@ -29,11 +29,11 @@ from pathlib import Path
 import torch
 
 from eagle3.config import PipelineConfig
-from eagle3.engines.transformers_engine import TransformersEngine
-from eagle3.extract import extract_shard, open_run, shard_is_complete
+from eagle3.data.prepare import prepare
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import extract_shard, open_run, shard_is_complete
 from eagle3.model_files import TOKENIZER_FILES, resolve_model
-from eagle3.prepare import prepare
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 
 AUX = [1, 2, 3]
 

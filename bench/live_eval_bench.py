@@ -30,10 +30,10 @@ from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.evaluate.live import LiveEvalResult, ServerRun, evaluate_live, serve_and_measure
-from eagle3.export import export_draft
 from eagle3.model_files import model_fingerprint, read_model_facts, resolve_model
-from eagle3.sglang_server import server_device
-from eagle3.store import RunInfo, RunStore
+from eagle3.release.export import export_draft
+from eagle3.serving.server import server_device
+from eagle3.store.run_store import RunInfo, RunStore
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,7 +27,7 @@ import torch
 from safetensors import safe_open
 
 from eagle3.draft.data import read_row
-from eagle3.sample_format import KEYS, encode_sample, write_sample
+from eagle3.store.sample_format import KEYS, encode_sample, write_sample
 
 TOKENS, ROW = 2048, 16384
 

@@ -38,20 +38,20 @@ from typing import Any
 import torch
 from quality_prompts import HELDOUT_TOPICS, TEMPLATES, TOPICS, build, write
 
-from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig, load_config
 from eagle3.convert import convert
+from eagle3.data.chat import ChatTokenizer
+from eagle3.data.prepare import prepare
+from eagle3.data.prompts import build_prompts, corpus_path
+from eagle3.data.synthesize import synthesize
 from eagle3.draft.checkpoint import resolve_checkpoint, step_dir
-from eagle3.engines import build_engine
 from eagle3.evaluate.offline import evaluate_offline, load_eval_sets
-from eagle3.extract import extract_shard, open_run
+from eagle3.extract.engines import build_engine
+from eagle3.extract.shard import extract_shard, open_run
 from eagle3.model_files import resolve_model
-from eagle3.prepare import prepare
 from eagle3.progress import Progress
-from eagle3.prompt_gen import build_prompts, corpus_path
-from eagle3.run_paths import RunPaths, TrainPaths
-from eagle3.store import RunStore
-from eagle3.synthesize import synthesize
+from eagle3.store.paths import RunPaths, TrainPaths
+from eagle3.store.run_store import RunStore
 from eagle3.train.trainer import Trainer, TrainJob
 
 REPO = Path(__file__).resolve().parents[1]

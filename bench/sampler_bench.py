@@ -1,4 +1,4 @@
-"""RowSampler (eagle3/row_sampler.py, one batched inverse-CDF draw) vs the per-row torch.Generator loop it
+"""RowSampler (eagle3/data/row_sampler.py, one batched inverse-CDF draw) vs the per-row torch.Generator loop it
 replaced, per decode step, at synthesize's batch sizes (half the rows sampled, as with `include_greedy` and
 samples_per_prompt 2). The same logits for both; medians of interleaved repeats.
 
@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from eagle3.row_sampler import RowSampler
+from eagle3.data.row_sampler import RowSampler
 
 
 def per_row_generators(scores: torch.Tensor, sampling: list[tuple[float, int]], top_p: float) -> torch.Tensor:

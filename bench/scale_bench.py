@@ -11,7 +11,7 @@ Measured, on a fresh store per pass, passes alternating (1 server, 2 servers, 1,
 shared machine hits both alike:
   one server    every shard on server #0, one after another
   two servers   the same shards on both servers at once: one thread per server, each taking the next shard under
-                its lease (eagle3.lease) and a free server (eagle3.server_specs, as eagle3/server_pool.py lends
+                its lease (eagle3.store.lease) and a free server (eagle3.serving.specs, as eagle3/extract/pool.py lends
                 them), the extract flow's own pattern without Prefect's bookkeeping
   lease cost    take + give back one shard lease on the store's filesystem
   write bw      fsynced atomic writes of sample-sized files, 4 threads (the store's filesystem)
@@ -45,13 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from disk_probe import write_bandwidth
 
 from eagle3.config import PipelineConfig
-from eagle3.engines import Engine, EngineInfo
-from eagle3.engines.transformers_engine import LoadedModels
-from eagle3.extract import extract_shard, open_run
-from eagle3.lease import ShardLease
+from eagle3.extract.engines import Engine, EngineInfo
+from eagle3.extract.engines.transformers_engine import LoadedModels
+from eagle3.extract.pool import build_server_engine
+from eagle3.extract.shard import extract_shard, open_run
 from eagle3.model_files import read_model_facts, resolve_model, tokenizer_fingerprint
-from eagle3.server_specs import ServerSpec, build_server_engine, server_specs
-from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from eagle3.serving.specs import ServerSpec, server_specs
+from eagle3.store.lease import ShardLease
+from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
 
 MB = 1 << 20
 SGLANG_PYTHON = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"

@@ -8,7 +8,7 @@ pipeline launches it). The first `--samples` demo prompts (`--c1-samples` of the
 needs few, and takes long), greedy, `--max-new-tokens` each. Per concurrency c, passes interleave, their order
 alternating per repeat (the CPU here is shared, so noise hits both): "bare" is an asyncio httpx client keeping
 c `/generate` requests in flight with the same token ids and sampling params; "stage" is
-eagle3.synthesize.synthesize with synthesize.concurrency = c into a fresh run directory (its rendering,
+eagle3.data.synthesize.synthesize with synthesize.concurrency = c into a fresh run directory (its rendering,
 tokenizing, per-sample checkpoints, retries, progress). tok/s = generated tokens (stop token included) / wall
 seconds of the generation phase (the stage: its own counter, which starts after prepare; "whole call" adds
 prepare and the tokenize step). Best of `--repeats`. Then the in-process transformers synthesize
@@ -32,11 +32,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from eagle3.chat import ChatTokenizer, normalize_row
 from eagle3.config import PipelineConfig
+from eagle3.data.chat import ChatTokenizer, normalize_row
+from eagle3.data.synthesize import open_servers, prompt_ids, stop_token_ids_of, synthesize
 from eagle3.model_files import resolve_model
-from eagle3.store import RunStore
-from eagle3.synthesize import open_servers, prompt_ids, stop_token_ids_of, synthesize
+from eagle3.store.run_store import RunStore
 
 
 def config(

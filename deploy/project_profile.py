@@ -23,7 +23,7 @@ PROFILE = "eagle3"
 if str(PROJECT_DIR) not in sys.path:  # run as a script: eagle3/ importable
     sys.path.insert(0, str(PROJECT_DIR))
 
-from eagle3.fsio import atomic_write_text  # noqa: E402
+from eagle3.store.fsio import atomic_write_text  # noqa: E402
 
 
 def point_profile(api_url: str, path: Path = PROFILES) -> dict[str, Any]:

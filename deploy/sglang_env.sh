@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the SGLang environment the `sglang` engine runs in (server.python = .venv-sglang/bin/python):
-#   1. a Python 3.11 venv with sglang==<SUPPORTED_SGLANG[0] of eagle3/dump_protocol.py, the one place the
+#   1. a Python 3.11 venv with sglang==<SUPPORTED_SGLANG[0] of eagle3/store/dump_protocol.py, the one place the
 #      release is pinned> (~11 GB, ~3.5 min);
-#   2. our hidden-state hook: server_patch/ plus the eagle3 modules it imports (eagle3/__init__.py,
-#      fsio.py, sample_format.py, dump_protocol.py) staged into deploy/server_patch_pkg/ and pip-installed as the package
+#   2. our hidden-state hook: server_patch/ plus the eagle3 modules it imports (eagle3/__init__.py and
+#      eagle3/store/: __init__.py, fsio.py, sample_format.py, dump_protocol.py) staged into deploy/server_patch_pkg/ and pip-installed as the package
 #      `eagle3-server-patch`, whose entry point (group sglang.srt.plugins) SGLang loads in every scheduler;
 #   3. on a machine without a GPU, a stub libcuda.so.1 in <venv>/stub/ whose four functions return
 #      CUDA_ERROR_NO_DEVICE, so the CUDA build of torch imports and SGLang runs with --device cpu.
@@ -17,12 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${SGLANG_VENV:-.venv-sglang}"
 PY="${SGLANG_PYTHON:-python3.11}"
-# the pin, read from its one place (SUPPORTED_SGLANG = ("X.Y.Z",) in eagle3/dump_protocol.py)
-SGLANG_VERSION="$(sed -n 's/^SUPPORTED_SGLANG = ("\([^"]*\)".*/\1/p' eagle3/dump_protocol.py)"
-[ -n "$SGLANG_VERSION" ] || { echo "sglang_env: no SUPPORTED_SGLANG line in eagle3/dump_protocol.py" >&2; exit 1; }
+# the pin, read from its one place (SUPPORTED_SGLANG = ("X.Y.Z",) in eagle3/store/dump_protocol.py)
+SGLANG_VERSION="$(sed -n 's/^SUPPORTED_SGLANG = ("\([^"]*\)".*/\1/p' eagle3/store/dump_protocol.py)"
+[ -n "$SGLANG_VERSION" ] || { echo "sglang_env: no SUPPORTED_SGLANG line in eagle3/store/dump_protocol.py" >&2; exit 1; }
 REQ="sglang==$SGLANG_VERSION"  # sglang pins its own torch and transformers
 PKG=deploy/server_patch_pkg
-PLUGIN_SRC=(server_patch/*.py eagle3/__init__.py eagle3/fsio.py eagle3/sample_format.py eagle3/dump_protocol.py "$PKG/pyproject.toml")
+PLUGIN_SRC=(server_patch/*.py eagle3/__init__.py eagle3/store/__init__.py eagle3/store/fsio.py eagle3/store/sample_format.py eagle3/store/dump_protocol.py "$PKG/pyproject.toml")
 
 log() { echo "sglang_env: $*" >&2; }
 sha() { cat "$@" | sha256sum | cut -c1-16; }
@@ -48,14 +48,16 @@ if [ "$(cat "$VENV/.stamp-plugin" 2>/dev/null)" != "$plugin_key" ]; then
   stage="$(mktemp -d)"
   trap 'rm -rf "$stage"' EXIT
   cp "$PKG/pyproject.toml" "$stage/"
-  mkdir -p "$stage/server_patch" "$stage/eagle3"
+  mkdir -p "$stage/server_patch" "$stage/eagle3/store"
   cp server_patch/*.py "$stage/server_patch/"
-  cp eagle3/__init__.py eagle3/fsio.py eagle3/sample_format.py eagle3/dump_protocol.py "$stage/eagle3/"
+  cp eagle3/__init__.py "$stage/eagle3/"
+  cp eagle3/store/__init__.py eagle3/store/fsio.py eagle3/store/sample_format.py eagle3/store/dump_protocol.py \
+    "$stage/eagle3/store/"
   "$VENV/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$stage"
   # Check from a neutral directory that the installed copy (not a source folder) is what imports.
   vpy="$(cd "$VENV" && pwd)/bin/python"
   (cd / && "$vpy" -c \
-    'import importlib.metadata as m, server_patch, eagle3.sample_format as f;
+    'import importlib.metadata as m, server_patch, eagle3.store.sample_format as f;
 eps = [e.value for e in m.entry_points(group="sglang.srt.plugins")];
 assert "server_patch:load_plugin" in eps, eps; print("sglang_env: plugin entry points", eps)') >&2
   echo "$plugin_key" > "$VENV/.stamp-plugin"

@@ -1,6 +1,26 @@
-"""EAGLE-3 draft-model pipeline: the Prefect-free library.
+"""EAGLE-3 draft-model pipeline: the Prefect-free library, one package per part of the pipeline.
 
-Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them.
+    store/     the run directory: paths, RunStore, sample and dump formats, atomic files, lock, leases, verify
+    data/      rows in, prepared token ids out: sources, chat templates, prepare, prompts, synthesize
+    serving/   SGLang servers: lifecycle, specs, records, keeper, generation requests, layer numbering
+    extract/   one shard's extraction, the engines (SGLang, transformers), the server pool, the disk budget
+    convert/   the vocabulary map and training index; peer layouts (SpecForge, speculators)
+    draft/     the draft model, its data, loss, held-out split and checkpoints
+    train/     the trainer, its torchrun worker and launcher, the plots
+    evaluate/  offline acceptance and live serving speed
+    release/   export, promotion of draft/current, the retraining plan
+
+Beside them, the modules every part uses. What each may import of ours (tests/unit/test_import_rules.py
+checks these lines and each package's own "May import:" line; lower lines never import higher ones):
+
+    progress, device, versions:  nothing
+    config:       eagle3.store
+    model_files:  eagle3.store
+    doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
+    cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.doctor
+
+Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the
+entry point, imports Prefect and the flows inside the commands that run flows).
 """
 
 __version__ = "0.1.0"

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config, run_dir_placeholders
 from eagle3.progress import Progress, ProgressFn
-from eagle3.run_paths import RunPaths
+from eagle3.store.paths import RunPaths
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from eagle3.store import RunStore
+    from eagle3.store.run_store import RunStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2  # verify: 1 = bad files found, 2 = could not verify
 SERVER_HINT = (
@@ -211,9 +211,9 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from eagle3.lock import RunLockedError
-    from eagle3.store import RunStore
-    from eagle3.verify import VerifyError, verify_run
+    from eagle3.store.lock import RunLockedError
+    from eagle3.store.run_store import RunStore
+    from eagle3.store.verify import VerifyError, verify_run
 
     console = Console()
     try:
@@ -262,7 +262,7 @@ def cmd_status(run_dir: Path) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from eagle3.store import RunStore
+    from eagle3.store.run_store import RunStore
 
     store = RunStore(run_dir)
     info, prepared = store.read_run_info(), store.read_prepared_manifest()
@@ -311,7 +311,7 @@ def cmd_status(run_dir: Path) -> int:
 
 
 def print_lock(console: Console, run_dir: Path) -> None:
-    from eagle3.lock import live_leases, lock_state
+    from eagle3.store.lock import live_leases, lock_state
 
     state = lock_state(run_dir)
     console.print(f"lock: {state.describe()}" if state else "lock: free (no run holds this directory)")
@@ -322,7 +322,7 @@ def print_lock(console: Console, run_dir: Path) -> None:
 def print_failed_shards(console: Console, store: RunStore, run_dir: Path) -> None:
     from rich.table import Table
 
-    from eagle3.failed_shards import failed_shards
+    from eagle3.store.failed_shards import failed_shards
 
     failed = failed_shards(store)
     if not failed:

@@ -12,14 +12,28 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eagle3.run_paths import RunPaths
-from eagle3.sources import DataSource
+from eagle3.store.paths import RunPaths
 
 Stage = Literal["prompts", "prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
 STAGES: tuple[Stage, ...] = (
     "prompts", "prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"
 )  # fmt: skip
 DEFAULT_STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract")
+
+
+class DataSource(BaseModel):
+    """One input dataset of `data.sources` (or the one `data.dataset` describes)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    dataset: str = Field(
+        description="Local JSONL/JSON/Parquet file, a save_to_disk directory, a dataset repository directory, or a "
+        "Hugging Face Hub dataset id (e.g. `HuggingFaceH4/ultrachat_200k`, read with datasets.load_dataset)."
+    )
+    subset: str | None = Field(None, description="Hub/repository datasets: the configuration (subset) name.")
+    split: str = Field("train", description="Split to read (Hub datasets, repositories, saved DatasetDicts).")
+    revision: str | None = Field(None, description="Hub datasets: a branch, tag or commit to pin.")
+    max_samples: int | None = Field(None, gt=0, description="Use at most this many rows of this source (None: all).")
 
 
 class StrictModel(BaseModel):
@@ -108,7 +122,7 @@ class SynthesizeConfig(StrictModel):
         ge=0,
         le=16,
         description="Multi-turn: after the conversation's own turns, the target writes this many more user turns "
-        "(as the user, from the conversation so far; eagle3/prompt_gen.py) and answers each. 0: none.",
+        "(as the user, from the conversation so far; eagle3/data/prompts.py) and answers each. 0: none.",
     )
 
     @model_validator(mode="after")
@@ -134,7 +148,7 @@ class SynthesizeConfig(StrictModel):
 
 
 class PromptsConfig(StrictModel):
-    """The `prompts` stage (eagle3/prompt_gen.py): user requests the target writes itself from a grid of topics x
+    """The `prompts` stage (eagle3/data/prompts.py): user requests the target writes itself from a grid of topics x
     task types x formats, plus prompts of other files, near-duplicates removed, written as a dataset file that
     `data.dataset` (or a `data.sources` entry) then names. docs/corpus.md."""
 
@@ -291,7 +305,7 @@ class ExtractConfig(StrictModel):
     sglang_layer_ids: list[int] | None = Field(
         None,
         description="sglang engine: --return-aux-hidden-state-layer-ids for a model family without a known rule "
-        "(eagle3/sglang_layers.py). The hook checks at start-up that SGLang then captures exactly aux_layers.",
+        "(eagle3/serving/layers.py). The hook checks at start-up that SGLang then captures exactly aux_layers.",
     )
     share_run_dir: bool = Field(
         False,
@@ -487,7 +501,7 @@ class EvaluateConfig(StrictModel):
         description="SGLang --speculative-num-draft-tokens (None: draft_steps + 1, the whole chain when topk is 1).",
     )
     request_timeout_s: float = Field(600.0, gt=0, description="Live evaluation: seconds per /generate request.")
-    # promotion (eagle3/promote.py) -------------------------------------------------------------------------
+    # promotion (eagle3/release/promote.py) -------------------------------------------------------------------------
     promote: Literal["if_not_worse", "always", "never"] = Field(
         "if_not_worse",
         description="When `<run_dir>/draft/current` moves to the draft just evaluated. `if_not_worse`: its offline "

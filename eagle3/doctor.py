@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from eagle3 import dump_protocol as proto
 from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig, dump_root
 from eagle3.model_files import read_model_facts, resolve_model
-from eagle3.run_paths import RunPaths
-from eagle3.sglang_layers import LayerMappingError, SGLangLayers, extraction_layers
-from eagle3.sglang_server import ServerError, SGLangServer, server_device
-from eagle3.store import PreparedSample
+from eagle3.serving.layers import LayerMappingError, SGLangLayers, extraction_layers
+from eagle3.serving.server import ServerError, SGLangServer, server_device
+from eagle3.store import dump_protocol as proto
+from eagle3.store.paths import RunPaths
+from eagle3.store.run_store import PreparedSample
 
 Status = Literal["ok", "warn", "fail", "skip"]
 PROBE_TEXT = (
@@ -220,10 +220,10 @@ def _check_parity(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from eagle3.engines import build_engine
-    from eagle3.engines.base import Captured, Dumped
-    from eagle3.engines.sglang_engine import SGLangEngine
-    from eagle3.sample_format import read_sample
+    from eagle3.extract.engines import build_engine
+    from eagle3.extract.engines.base import Captured, Dumped
+    from eagle3.extract.engines.sglang_engine import SGLangEngine
+    from eagle3.store.sample_format import read_sample
 
     size_gb = sum(p.stat().st_size for p in model_dir.glob("*.safetensors")) / GB
     if size_gb > max_gb:

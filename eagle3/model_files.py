@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.fsio import atomic_write_json, fsync_dir
+from eagle3.store.fsio import atomic_write_json, fsync_dir
 
 DEMO_NAME = "SmolLM2-135M-Instruct"
 DEMO_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

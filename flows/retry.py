@@ -5,9 +5,10 @@ from __future__ import annotations
 from prefect import flow
 from prefect.states import State
 
+from tasks.extract.open_run import disk_budget_task, open_run_task
 from tasks.extract.plan import ExtractSummary
 from tasks.extract.report import extract_outcome, outcomes, report_extract_task
-from tasks.extract.shards import disk_budget_task, open_run_task, run_shards
+from tasks.extract.shards import run_shards
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task

@@ -10,12 +10,12 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from tasks.artifacts import run_summary_task
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
 from tasks.model import resolve_model_task, run_dir_task
 from tasks.promote import promote_task
+from tasks.summary import run_summary_task
 from tasks.train import train_task
 
 

@@ -6,7 +6,7 @@ asks for the CPU speculative fallback), so installing it never changes a plain s
 set, it requires SGLang 0.5.23 (the capture-only mode and the internals hook.py and cpu_spec.py rely
 on) and otherwise refuses to load, saying which versions work.
 
-Environment (names in eagle3/dump_protocol.py):
+Environment (names in eagle3/store/dump_protocol.py):
   EAGLE3_DUMP_DIR      where per-request dumps go (the hook's only switch)
   EAGLE3_RID_PREFIX    capture only rids with this prefix (default "e3-": health checks and the
                        warm-up request also run the model and are never captured)
@@ -26,7 +26,7 @@ import socket
 import time
 from pathlib import Path
 
-from eagle3.dump_protocol import ENV_CPU_SPEC, SUPPORTED_SGLANG
+from eagle3.store.dump_protocol import ENV_CPU_SPEC, SUPPORTED_SGLANG
 
 __all__ = ["SUPPORTED_SGLANG", "UnsupportedSGLang", "load_plugin"]
 log = logging.getLogger("eagle3.server_patch")
@@ -37,7 +37,7 @@ class UnsupportedSGLang(RuntimeError):
 
 
 def load_plugin() -> None:
-    from eagle3 import dump_protocol as proto
+    from eagle3.store import dump_protocol as proto
 
     # Opt-in, independent of the hook below: EAGLE3_CPU_SPEC=1 installs the CPU fallback that lets SGLang
     # serve EAGLE3 chain drafting with --device cpu (server_patch/cpu_spec.py). Without the switch it is

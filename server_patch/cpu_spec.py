@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from eagle3.dump_protocol import ENV_CPU_SPEC as ENV_SWITCH
-from eagle3.dump_protocol import SUPPORTED_SGLANG
+from eagle3.store.dump_protocol import ENV_CPU_SPEC as ENV_SWITCH
+from eagle3.store.dump_protocol import SUPPORTED_SGLANG
 
 log = logging.getLogger("eagle3.server_patch.cpu_spec")
 

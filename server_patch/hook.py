@@ -15,7 +15,7 @@ Two hooks on `sglang.srt.managers.tp_worker.TpModelWorker`:
   device right away (CUDA-graph outputs may alias graph buffers), and stitch chunked prefill.
   Finished requests go to the background writer (server_patch/writer.py).
   A request whose `.req.json` says store_dtype float8_e4m3 (read once, at its first chunk) is quantized
-  on the device before the copy (eagle3.sample_format.quantize_fp8): half the bytes cross to the host.
+  on the device before the copy (eagle3.store.sample_format.quantize_fp8): half the bytes cross to the host.
 
 Only attention-TP rank 0 of each attention-DP group writes (under plain TP the states are identical on
 every rank). Nothing here raises into SGLang's scheduler: a problem with one request becomes
@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from eagle3 import dump_protocol as proto
-from eagle3.sample_format import FP8_NAME, quantize_fp8
+from eagle3.store import dump_protocol as proto
+from eagle3.store.sample_format import FP8_NAME, quantize_fp8
 from server_patch.capture import Broken, Complete, Stitcher, plan_batch
 from server_patch.writer import Chunk, DumpWriter, Job
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from eagle3 import dump_protocol as proto
-from eagle3.fsio import atomic_write_bytes
-from eagle3.sample_format import FP8, FP8_NAME, encode_sample, quantize_fp8
+from eagle3.store import dump_protocol as proto
+from eagle3.store.fsio import atomic_write_bytes
+from eagle3.store.sample_format import FP8, FP8_NAME, encode_sample, quantize_fp8
 
 log = logging.getLogger("eagle3.server_patch")
 

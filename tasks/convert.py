@@ -7,8 +7,9 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
 from eagle3.convert import ConvertResult, convert
-from eagle3.store import RunStore
-from tasks.artifacts import TaskProgress, run_key
+from eagle3.store.run_store import RunStore
+from tasks.artifacts import run_key
+from tasks.progress import TaskProgress
 
 CONVERT_TIMEOUT_S = 6 * 3600  # reads every sample file once (the store can be ~1 TB)
 

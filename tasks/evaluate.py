@@ -11,8 +11,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 from pydantic import BaseModel
 
-from eagle3.chat import ChatTokenizer
 from eagle3.config import PipelineConfig
+from eagle3.data.chat import ChatTokenizer
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live, read_live_result
 from eagle3.evaluate.offline import (
@@ -24,10 +24,11 @@ from eagle3.evaluate.offline import (
     offline_dtype,
     read_offline_result,
 )
-from eagle3.export import default_export_dir
-from eagle3.run_paths import RunPaths
-from eagle3.store import RunStore
-from tasks.artifacts import TaskProgress, markdown_artifact, run_key
+from eagle3.release.export import default_export_dir
+from eagle3.store.paths import RunPaths
+from eagle3.store.run_store import RunStore
+from tasks.artifacts import markdown_artifact, run_key
+from tasks.progress import TaskProgress
 from tasks.server import reap_orphan_servers, server_env
 
 EVALUATE_TIMEOUT_S = 6 * 3600

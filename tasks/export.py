@@ -1,4 +1,4 @@
-"""export: the trained draft as a directory SGLang serves (and a speculators copy), eagle3.export.export_draft.
+"""export: the trained draft as a directory SGLang serves (and a speculators copy), eagle3.release.export.export_draft.
 Each checkpoint gets its own directory under `<run_dir>/draft/exports/`; `draft/latest` points at it, and
 `draft/current` (what to serve) moves only on promotion (tasks/promote.py)."""
 
@@ -11,11 +11,12 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.export import ExportResult, export_draft, sglang_args
 from eagle3.progress import Progress
-from eagle3.promote import current_link, export_dir_for, latest_link, point
-from eagle3.run_paths import RunPaths
-from tasks.artifacts import TaskProgress, markdown_artifact, run_key
+from eagle3.release.export import ExportResult, export_draft, sglang_args
+from eagle3.release.promote import current_link, export_dir_for, latest_link, point
+from eagle3.store.paths import RunPaths
+from tasks.artifacts import markdown_artifact, run_key
+from tasks.progress import TaskProgress
 
 EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for an 8B target's draft)
 

@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import PipelineConfig
-from eagle3.lease import ShardLease
-from eagle3.lock import RunLock
-from eagle3.server_pool import ServerPool, ServerPools
-from tasks.artifacts import RunProgressRef
+from eagle3.extract.pool import ServerPool, ServerPools
+from eagle3.store.lease import ShardLease
+from eagle3.store.lock import RunLock
 from tasks.extract.hold import RunHold, run_lock, shard_lease
 from tasks.extract.report import RunProgressBoard
+from tasks.progress import RunProgressRef
 from tasks.server import server_env
 
 _OPEN: ContextVar[FlowContext | None] = ContextVar("eagle3_flow_context", default=None)

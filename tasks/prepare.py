@@ -1,4 +1,4 @@
-"""prepare: conversations -> token ids + loss masks -> prepared shards (eagle3.prepare.prepare)."""
+"""prepare: conversations -> token ids + loss masks -> prepared shards (eagle3.data.prepare.prepare)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.prepare import prepare
-from eagle3.store import PreparedManifest, RunStore
-from tasks.artifacts import TaskProgress, run_key
+from eagle3.data.prepare import prepare
+from eagle3.store.run_store import PreparedManifest, RunStore
+from tasks.artifacts import run_key
+from tasks.progress import TaskProgress
 
 PREPARE_TIMEOUT_S = 6 * 3600  # tokenizing ~1M conversations on a few cores
 SHOW_BAD_ROWS = 5
@@ -35,7 +36,7 @@ def prepare_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
         len(manifest.bad_rows),
         manifest.duplicates,
     )
-    if len(manifest.intakes) > len(before.intakes if before else []):  # this run took files in (eagle3.prepare)
+    if len(manifest.intakes) > len(before.intakes if before else []):  # this run took files in (eagle3.data.prepare)
         i = manifest.intakes[-1]
         logger.info(
             "intake %d: %d new samples (%d tokens) in shards %s from %d new or changed files; %d rows already in "

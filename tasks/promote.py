@@ -1,5 +1,6 @@
 """promote: move `<run_dir>/draft/current` to the draft just evaluated when it is not worse than the current one
-(eagle3.promote.promote); event `eagle3.draft.promoted` or `eagle3.draft.kept`, and the reason in an artifact."""
+(eagle3.release.promote.promote); event `eagle3.draft.promoted` or `eagle3.draft.kept`, and the reason in an
+artifact."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.evaluate.offline import OfflineEvalResult, dataset_sha256
-from eagle3.promote import Decision, EvalRecord, EvalSet, SetRecord, latest_link, pointed, promote
+from eagle3.data.eval_sets import dataset_sha256
+from eagle3.evaluate.offline import OfflineEvalResult
+from eagle3.release.promote import Decision, EvalRecord, EvalSet, SetRecord, latest_link, pointed, promote
 from tasks.artifacts import markdown_artifact, run_key
 from tasks.evaluate import EvalSummary
 from tasks.export import serve_command

@@ -1,4 +1,4 @@
-"""prompts: the target writes a varied prompt corpus (eagle3.prompt_gen.build_prompts)."""
+"""prompts: the target writes a varied prompt corpus (eagle3.data.prompts.build_prompts)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.prompt_gen import PromptsSummary, build_prompts, corpus_path
-from tasks.artifacts import TaskProgress, markdown_artifact, run_key
+from eagle3.data.prompts import PromptsSummary, build_prompts, corpus_path
+from tasks.artifacts import markdown_artifact, run_key
 from tasks.flow_context import FlowContext
+from tasks.progress import TaskProgress
 from tasks.server import reap_orphan_servers
 
 PROMPTS_TIMEOUT_S = 24 * 3600

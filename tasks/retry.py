@@ -1,4 +1,4 @@
-"""retry: what a retry of a run directory redoes, around `eagle3.failed_shards.plan_retry_samples`."""
+"""retry: what a retry of a run directory redoes, around `eagle3.store.failed_shards.plan_retry_samples`."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.failed_shards import plan_retry_samples
 from eagle3.progress import Progress
-from eagle3.store import RunStore
-from tasks.artifacts import TaskProgress, run_key, table_artifact
+from eagle3.store.failed_shards import plan_retry_samples
+from eagle3.store.run_store import RunStore
+from tasks.artifacts import run_key, table_artifact
+from tasks.progress import TaskProgress
 
 PLAN_TIMEOUT_S = 30 * 60  # a header check of every sample file of the shards that need it
 

@@ -4,7 +4,7 @@
     reap_orphan_servers(run_dir)    stop servers that dead runs left in the run directory; log + `eagle3.server.reaped`
 
 However the launching process ends (a crash, a SIGKILL, a cancellation that kills it), its servers end with it
-(eagle3/keeper.py).
+(eagle3/serving/keeper.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 from prefect import get_run_logger
 from prefect.runtime import flow_run
 
-from eagle3.server_record import reap_orphans_under
-from eagle3.sglang_server import FLOW_RUN_ENV
+from eagle3.serving.record import reap_orphans_under
+from eagle3.serving.server import FLOW_RUN_ENV
 from tasks.extract.report import emit_run_event
 
 
@@ -31,7 +31,7 @@ def server_env() -> dict[str, str]:
 
 
 def reap_orphan_servers(run_dir: str) -> int:
-    """Stop the servers that runs which died left in `run_dir` (their keeper died too: see eagle3/server_record.py);
+    """Stop the servers that runs which died left in `run_dir` (their keeper died too: see eagle3/serving/record.py);
     each one is a warning in this task's log and an `eagle3.server.reaped` event. Returns how many records."""
     reaped = reap_orphans_under(Path(run_dir))
     for r in reaped:

@@ -1,4 +1,4 @@
-"""synthesize: regenerate assistant turns with the target model (eagle3.synthesize.synthesize)."""
+"""synthesize: regenerate assistant turns with the target model (eagle3.data.synthesize.synthesize)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
-from eagle3.store import PreparedManifest, RunStore
-from eagle3.synthesize import SynthesizeSummary, synthesize
-from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
+from eagle3.data.synthesize import SynthesizeSummary, synthesize
+from eagle3.store.run_store import PreparedManifest, RunStore
+from tasks.artifacts import markdown_artifact, run_key, table_artifact
 from tasks.flow_context import FlowContext
+from tasks.progress import TaskProgress
 from tasks.server import reap_orphan_servers
 
 SYNTHESIZE_TIMEOUT_S = 48 * 3600  # the case study generated 10K conversations

@@ -24,9 +24,9 @@ from pydantic import BaseModel
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import read_state
 from eagle3.progress import Progress
-from eagle3.promote import current_link, pointed
-from eagle3.retrain import TrainPlan, archive_training, plan_training
-from eagle3.run_paths import RunPaths, TrainPaths
+from eagle3.release.promote import current_link, pointed
+from eagle3.release.retrain import TrainPlan, archive_training, plan_training
+from eagle3.store.paths import RunPaths, TrainPaths
 from eagle3.train.launch import (
     MetricsTail,
     TrainProcess,
@@ -37,7 +37,8 @@ from eagle3.train.launch import (
 )
 from eagle3.train.plot import ttt_table, write_curves
 from eagle3.train.trainer import TrainJob, read_job, write_job
-from tasks.artifacts import TaskProgress, markdown_artifact, run_key, table_artifact
+from tasks.artifacts import markdown_artifact, run_key, table_artifact
+from tasks.progress import TaskProgress
 
 GPU_LIMIT = "gpu"  # the global concurrency limit deploy/deployments.py sizes to the node
 TABLE_EVERY_S = 120.0
@@ -54,7 +55,7 @@ class TrainSummary(BaseModel):
     total_steps: int
     launched: bool  # False: the training was already finished
     last_metrics: dict[str, Any]
-    waiting: bool = False  # the store grew by fewer than train.min_new_tokens: no new training (eagle3/retrain.py)
+    waiting: bool = False  # the store grew by < train.min_new_tokens: no new training (eagle3/release/retrain.py)
     reason: str = ""  # why this training ran, resumed, was done already or waits
 
 

@@ -1,4 +1,4 @@
-"""verify: recheck every sample file of a run directory, around `eagle3.verify.verify_run`."""
+"""verify: recheck every sample file of a run directory, around `eagle3.store.verify.verify_run`."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 from pydantic import BaseModel
 
-from eagle3.store import RunStore
-from eagle3.verify import verify_run
-from tasks.artifacts import TaskProgress, run_key, table_artifact
+from eagle3.store.run_store import RunStore
+from eagle3.store.verify import verify_run
+from tasks.artifacts import run_key, table_artifact
+from tasks.progress import TaskProgress
 
 #: A full check reads every byte: about 1 TB at disk read speed (~1 GB/s) is under 20 minutes; headers
 #: only (quick) is seconds. Generous, because a slow network filesystem is the common case.

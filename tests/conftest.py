@@ -4,7 +4,7 @@ A test session leaves no process behind, whether it finishes or is stopped with 
 operator, deploy/run_tests.sh forwarding one):
 * SIGTERM is turned into KeyboardInterrupt (and stops the session), so fixtures are torn down: a Prefect server,
   an SGLang server, a worker started by a fixture stops. pytest's default SIGTERM would end it without teardown.
-  (The SGLang servers and trainers go with this process in any case: eagle3/keeper.py, eagle3/train/launch.py.)
+  (The SGLang servers and trainers go with this process in any case: eagle3/serving/keeper.py, eagle3/train/launch.py.)
 * Every process the session starts inherits SESSION_ENV; at the very end (after the session fixtures' teardown)
   the project's processes that still carry this session's mark (Prefect servers and workers, SGLang servers and
   their keepers, torchrun, eagle3) are listed, killed, and fail the run.
@@ -89,7 +89,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def session_processes(token: str) -> list[tuple[int, str]]:
     """(pid, command line) of live project processes whose environment carries `token` (not this one)."""
-    from eagle3 import procs
+    from eagle3.serving import procs
 
     out = []
     for pid in procs.pids():

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from eagle3.sample_format import read_sample
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
+from eagle3.store.sample_format import read_sample
 
 
 def digest(path: Path) -> str:

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from eagle3.engines.transformers_engine import TransformersEngine
-from eagle3.store import PreparedSample
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.store.run_store import PreparedSample
 
 eng = TransformersEngine("/tmp/llama1b", device="cuda", batch_tokens=16384, store_dtype="float8_e4m3")
 rng = random.Random(0)

@@ -5,6 +5,8 @@
     export_speculators / import_speculators speculators' (vLLM's) Arrow + hs_{i}.safetensors layout
 
 Layer-index conventions and the file layouts: docs/formats.md.
+
+May import: eagle3.config, eagle3.progress, eagle3.model_files, eagle3.store
 """
 
 from eagle3.convert.common import (

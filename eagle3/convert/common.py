@@ -22,8 +22,8 @@ from typing import Any, Literal, TypeVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.sample_format import ST_DTYPES, SampleTensors, check_header, read_header, state_keys
-from eagle3.store import DTYPES, RunInfo
+from eagle3.store.run_store import DTYPES, RunInfo
+from eagle3.store.sample_format import ST_DTYPES, SampleTensors, check_header, read_header, state_keys
 
 SIDECAR = "eagle3_export.json"  # written by our exporters beside the peer data; peers ignore it
 SIDECAR_FORMAT = "eagle3-export/1"

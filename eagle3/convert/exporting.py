@@ -15,9 +15,9 @@ from eagle3.convert.common import (
     read_sidecar,
 )
 from eagle3.convert.store_writer import PeerJob
-from eagle3.fsio import atomic_write_json
-from eagle3.sample_format import FP8_NAME
-from eagle3.store import RunInfo, RunStore
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.run_store import RunInfo, RunStore
+from eagle3.store.sample_format import FP8_NAME
 
 
 def store_samples(store: RunStore) -> list[SidecarSample]:

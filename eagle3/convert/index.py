@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from eagle3.fsio import atomic_write_bytes
+from eagle3.store.fsio import atomic_write_bytes
 
 INDEX_FORMAT = "eagle3-index/1"
 INDEX_SCHEMA = pa.schema(

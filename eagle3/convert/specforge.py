@@ -55,9 +55,9 @@ from eagle3.convert.store_writer import (
     require_empty,
 )
 from eagle3.convert.vocab import read_vocab_map
-from eagle3.fsio import atomic_write_with, fsync_dir
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.store import DTYPES, RunInfo, RunStore, now
+from eagle3.store.fsio import atomic_write_with, fsync_dir
+from eagle3.store.run_store import DTYPES, RunInfo, RunStore, now
 
 PEER = "specforge"
 CONVENTION = "specforge_output_of_layer"

@@ -26,11 +26,11 @@ from eagle3.config import PipelineConfig
 from eagle3.convert.common import ConvertError, Record, require_run_info
 from eagle3.convert.index import INDEX_FORMAT, IndexRow, write_index
 from eagle3.convert.vocab import VOCAB_FORMAT, select_vocab, write_vocab_map
-from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.run_paths import RunPaths
-from eagle3.sample_format import SampleFormatError, check_header, read_header
-from eagle3.store import RunInfo, RunStore, read_record
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.paths import RunPaths
+from eagle3.store.run_store import RunInfo, RunStore, read_record
+from eagle3.store.sample_format import SampleFormatError, check_header, read_header
 
 CONVERT_FORMAT = "eagle3-convert/1"
 

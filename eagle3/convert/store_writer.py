@@ -18,10 +18,10 @@ import torch
 
 from eagle3.config import PipelineConfig
 from eagle3.convert.common import DTYPE_NAMES, PeerFormatError, TargetModel, ordered_map
-from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn
-from eagle3.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
-from eagle3.store import PREPARED_SCHEMA, PreparedManifest, RunInfo, RunStore, SampleEntry, ShardManifest
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, RunInfo, RunStore, SampleEntry, ShardManifest
+from eagle3.store.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
 
 
 @dataclass
@@ -105,7 +105,7 @@ def write_shards(
     fp8: bool = False,
 ) -> StoreSummary:
     """Load every job (None = a skipped, missing peer file), write it into the store, shard by shard; `fp8`:
-    quantize the states (an FP8 store, eagle3.sample_format.quantize_fp8) as extraction would."""
+    quantize the states (an FP8 store, eagle3.store.sample_format.quantize_fp8) as extraction would."""
     summary = StoreSummary()
     counter = ProgressCounter("import", total, report)
     shape: tuple[int, int, torch.dtype] | None = None  # (K, H, dtype) of the first sample

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save
 
-from eagle3.fsio import atomic_write_bytes
+from eagle3.store.fsio import atomic_write_bytes
 
 VOCAB_FORMAT = "eagle3-vocab-map/1"
 

@@ -39,8 +39,8 @@ import torch
 from safetensors.torch import load_file, save
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from eagle3.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
-from eagle3.run_paths import TrainPaths
+from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
+from eagle3.store.paths import TrainPaths
 
 CKPT_FORMAT = "eagle3-train-checkpoint/1"
 WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file

@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from eagle3.convert.vocab import read_vocab_map
-from eagle3.run_paths import RunPaths
-from eagle3.sample_format import FP8, SampleFormatError, dequantize_fp8, parse_header, state_keys
+from eagle3.store.paths import RunPaths
+from eagle3.store.sample_format import FP8, SampleFormatError, dequantize_fp8, parse_header, state_keys
 
 SORT_WINDOW = 64  # rows' worth of samples sorted together: long enough to bucket, short enough to stay random
 
@@ -155,7 +155,7 @@ class SampleLayout:
 
 
 def read_layout(path: Path) -> SampleLayout:
-    """The header of a sample file (one small read), checked by eagle3/sample_format.py's parse_header."""
+    """The header of a sample file (one small read), checked by eagle3/store/sample_format.py's parse_header."""
     try:
         h = parse_header(path)
     except SampleFormatError as e:

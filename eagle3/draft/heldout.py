@@ -4,7 +4,7 @@
     heldout_rows(heldout, batch_tokens, max)  -> rows of samples       the measured ones, packed, in index order
     HeldoutTally                                                       sums per checkpoint -> the "heldout" record
 
-A sample is held out when sha256 of its source's id (eagle3/sample_ids.py: every synthesized answer to one prompt
+A sample is held out when sha256 of its source's id (eagle3/store/sample_ids.py: every synthesized answer to one prompt
 has the same), read as a number in [0, 1), is below train.heldout_fraction: all answers to a prompt fall on one
 side, so the held-out figure measures prompts the draft never trained on; the split is the same on resume, in
 every process, and when the store grows (a sample never moves between the two sides; a larger fraction only adds
@@ -24,7 +24,7 @@ import torch
 
 from eagle3.draft.data import DataError, Sample
 from eagle3.draft.loss import TTTLoss, chain_acceptance
-from eagle3.sample_ids import source_of
+from eagle3.store.sample_ids import source_of
 
 #: The split rule, recorded in every checkpoint: a training whose checkpoints lack it chose its held-out samples by
 #: their own id (before this rule), and resuming it here would train on prompts it holds out.

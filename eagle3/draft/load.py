@@ -13,14 +13,39 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
-from eagle3.fsio import read_json
-from eagle3.train.trainer import load_target_tensors
+from eagle3.store.fsio import read_json
 
 EMBEDDING_KEY = "model.embed_tokens.weight"  # the trainer reads the same key (eagle3/train/trainer.py)
+
+
+class TargetWeightsError(ValueError):
+    """The target's safetensors lack a tensor the draft needs; names the model directory and the key."""
+
+
+def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Tensors of the target model by key ({alias: key}), reading only those from its safetensors files."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    files = sorted(model_dir.glob("*.safetensors"))
+    where = {k: model_dir / f for k, f in read_json(index)["weight_map"].items()} if index.is_file() else {}
+    if not where:
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                where.update(dict.fromkeys(st.keys(), f))
+    out = {}
+    for alias, key in names.items():
+        if key not in where:
+            raise TargetWeightsError(
+                f"{model_dir}: no tensor {key!r} in {[f.name for f in files]} (needed for the draft's {alias})"
+            )
+        with safe_open(str(where[key]), framework="pt") as st:
+            out[alias] = st.get_tensor(key)
+    return out
 
 
 def load_draft(

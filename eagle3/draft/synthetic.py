@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import save
 
 from eagle3.convert.vocab import VOCAB_FORMAT
-from eagle3.fsio import atomic_write_bytes, atomic_write_json
-from eagle3.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
-from eagle3.store import RunInfo, RunStore
+from eagle3.store.fsio import atomic_write_bytes, atomic_write_json
+from eagle3.store.run_store import RunInfo, RunStore
+from eagle3.store.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
 
 INDEX_SCHEMA = pa.schema(
     [

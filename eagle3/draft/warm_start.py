@@ -2,7 +2,8 @@
 
     warm_start(model, export_dir) -> WarmStart
 
-The export holds the trainable weights in the trainer's own key names (eagle3/export.py) plus its vocabulary map.
+The export holds the trainable weights in the trainer's own key names (eagle3/release/export.py) plus its
+vocabulary map.
 The new training's vocabulary map may differ (convert recounts tokens on the grown store): lm_head rows are
 matched by target token id (draft id i is target id i + d2t[i]); a draft id the old draft did not have keeps its
 fresh initialisation. Every other weight must have the same shape (same target, same aux layers), else the

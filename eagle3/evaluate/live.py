@@ -4,7 +4,7 @@
                            evaluate=cfg.evaluate, base_env=os.environ, progress=...)   # also <run_dir>/eval/live.json
 
 Phases, each returning its stats:
-    serve     launch SGLang (eagle3/sglang_server.py) with the draft (`--speculative-algorithm EAGLE3 ...`), or plain
+    serve     launch SGLang (eagle3/serving/server.py) with the draft (`--speculative-algorithm EAGLE3 ...`), or plain
     generate  warm up with one short request, then every prompt alone (batch 1, temperature 0, max_new_tokens):
               wall time, completion tokens, and from meta_info `spec_verify_ct` (verify passes) and
               `spec_num_correct_drafts` / `spec_num_proposed_drafts`
@@ -31,13 +31,13 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3 import dump_protocol as proto
 from eagle3.config import EvaluateConfig, ServerConfig
-from eagle3.fsio import atomic_write_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.run_paths import RunPaths
-from eagle3.sglang_server import ServerError, SGLangServer, server_device
-from eagle3.store import now, read_record
+from eagle3.serving.server import ServerError, SGLangServer, server_device
+from eagle3.store import dump_protocol as proto
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.paths import RunPaths
+from eagle3.store.run_store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
 WARMUP_TOKENS = 8
@@ -296,7 +296,7 @@ def evaluate_live(
         raise LiveEvalError("no prompts to evaluate on")
     run_dir, draft_dir, model_dir = Path(run_dir), Path(draft_dir), Path(model_dir)
     if not (draft_dir / "config.json").is_file():
-        raise LiveEvalError(f"{draft_dir}: no config.json; export the draft first (eagle3.export.export_draft)")
+        raise LiveEvalError(f"{draft_dir}: no config.json; export the draft first (eagle3.release.export.export_draft)")
     device = server_device(server)
     spec = speculative_args(evaluate)
     base: dict[str, Any] = {

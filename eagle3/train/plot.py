@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from eagle3.fsio import atomic_write_bytes
+from eagle3.store.fsio import atomic_write_bytes
 
 
 def ttt_table(record: dict[str, Any]) -> list[dict[str, Any]]:

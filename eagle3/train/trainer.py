@@ -30,7 +30,6 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict
-from safetensors import safe_open
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -46,13 +45,14 @@ from eagle3.draft.checkpoint import (
 )
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map, read_row
 from eagle3.draft.heldout import SPLIT_RULE, HeldoutTally, heldout_rows, split_heldout
+from eagle3.draft.load import load_target_tensors
 from eagle3.draft.loss import TTTLoss, target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
 from eagle3.draft.warm_start import WarmStart, warm_start
-from eagle3.fsio import atomic_write_json, read_json
 from eagle3.progress import Progress, ProgressFn, no_progress
-from eagle3.run_paths import RunPaths, TrainPaths
-from eagle3.store import RunInfo, RunStore
+from eagle3.store.fsio import atomic_write_json, read_json
+from eagle3.store.paths import RunPaths, TrainPaths
+from eagle3.store.run_store import RunInfo, RunStore
 
 
 class TrainJob(BaseModel):
@@ -65,7 +65,7 @@ class TrainJob(BaseModel):
     out_dir: str  # metrics, TensorBoard, checkpoints
     device: Literal["auto", "cpu", "cuda"] = "auto"
     init_from: str | None = None  # an export directory to warm-start from (train.init=previous)
-    data_key: str | None = None  # run.json's dataset_fingerprint when this training started (eagle3/retrain.py)
+    data_key: str | None = None  # run.json's dataset_fingerprint when this training started (eagle3/release/retrain.py)
     data_tokens: int | None = None  # tokens extracted in the store when this training started
 
 
@@ -93,27 +93,6 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
         return min_ratio
     progress = (step - warmup) / max(1, total - warmup)  # 3) cosine from 1 down to min_ratio
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """Tensors of the target model by key ({alias: key}), reading only those from its safetensors files."""
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    files = sorted(model_dir.glob("*.safetensors"))
-    where = {k: model_dir / f for k, f in read_json(index)["weight_map"].items()} if index.is_file() else {}
-    if not where:
-        for f in files:
-            with safe_open(str(f), framework="pt") as st:
-                where.update(dict.fromkeys(st.keys(), f))
-    out = {}
-    for alias, key in names.items():
-        if key not in where:
-            raise TrainError(
-                f"{model_dir}: no tensor {key!r} in {[f.name for f in files]} (needed for the draft's {alias})"
-            )
-        with safe_open(str(where[key]), framework="pt") as st:
-            out[alias] = st.get_tensor(key)
-    return out
 
 
 #: Train settings a resumed run may change: how long it runs, how it reports, how it reads; anything else

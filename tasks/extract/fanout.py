@@ -6,7 +6,7 @@ summed up into one progress/ETA view and one table.
                            the children's states
     report_fanout_task     each child's shard table artifact (which shards it extracted) + the store's manifests
 
-The children split the shards by lease (eagle3/lease.py), so the parent decides nothing about who does what.
+The children split the shards by lease (eagle3/store/lease.py), so the parent decides nothing about who does what.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from prefect.states import Failed, State
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
-from eagle3.extract import samples_on_disk
-from eagle3.store import RunStore
-from tasks.artifacts import ProgressArtifact, describe, markdown_artifact, run_key, table_artifact
+from eagle3.extract.shard import samples_on_disk
+from eagle3.store.run_store import RunStore
+from tasks.artifacts import markdown_artifact, run_key, table_artifact
+from tasks.progress import ProgressArtifact, describe
 
 WATCH_TIMEOUT_S = 7 * 24 * 3600  # the children's own timeouts bound them; this only bounds a lost parent
 FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}

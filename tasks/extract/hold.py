@@ -5,7 +5,7 @@ run_lock(run_dir, purpose, shared=False)   exclusive (default): the flow run hol
                                            shared (extract.share_run_dir): a guard held only until `opened()`
                                            (run.json written); other shared flow runs wait for it, then
                                            extract the same directory, shard by shard
-shard_lease(config, shard, under=lock)     the lease a shard task holds while it extracts (eagle3.lease)
+shard_lease(config, shard, under=lock)     the lease a shard task holds while it extracts (eagle3.store.lease)
 
 A flow holds them through its FlowContext (tasks/flow_context.py: `ctx.hold()`, `ctx.check_lock()`,
 `ctx.shard_lease()`), which it passes to its shard tasks.
@@ -20,8 +20,8 @@ from prefect import get_run_logger
 from prefect.runtime import flow_run
 
 from eagle3.config import PipelineConfig
-from eagle3.lease import ShardLease
-from eagle3.lock import RunLock
+from eagle3.store.lease import ShardLease
+from eagle3.store.lock import RunLock
 
 OPEN_WAIT_S = 20 * 60  # a shared guard waits this long for another flow run's open-run (it hashes the model)
 

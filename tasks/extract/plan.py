@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from tasks.artifacts import RunProgressRef
+from tasks.progress import RunProgressRef
 
 #: complete: extracted here. skipped: already complete when looked at. leased: another live run holds the
 #: shard's lease (the flow waits for it afterwards). by-other-run: completed by another run while waiting.

@@ -21,20 +21,13 @@ from prefect.events import emit_event
 from prefect.states import Failed, State
 
 from eagle3.config import PipelineConfig
-from eagle3.disk import DiskBudgetError
-from eagle3.failed_shards import failed_shards
+from eagle3.extract.disk import DiskBudgetError
 from eagle3.progress import Progress
-from eagle3.store import RunInfo, RunStore, ShardManifest
-from tasks.artifacts import (
-    ProgressArtifact,
-    RunProgressRef,
-    describe,
-    finish_run_progress,
-    markdown_artifact,
-    run_key,
-    table_artifact,
-)
+from eagle3.store.failed_shards import failed_shards
+from eagle3.store.run_store import RunInfo, RunStore, ShardManifest
+from tasks.artifacts import markdown_artifact, run_key, table_artifact
 from tasks.extract.plan import ExtractIncomplete, ExtractPlan, ExtractSummary, ShardResult
+from tasks.progress import ProgressArtifact, RunProgressRef, describe, finish_run_progress
 
 REPORT_TIMEOUT_S = 10 * 60
 GB = 1e9

@@ -1,12 +1,14 @@
-"""extract: open the run, the disk budget, one task per shard around `eagle3.extract.extract_shard`, and
-`run_shards`, which keeps every server of the flow run busy with its own shards.
+"""extract: one task per shard around `eagle3.extract.shard.extract_shard`, and `run_shards`, which keeps every
+server of the flow run busy with its own shards.
 
-The pieces around it: eagle3/server_pool.py (the servers, lent to one shard task at a time),
-tasks/extract/hold.py (the run lock and the shard leases), tasks/extract/report.py (progress, tables, events,
-the flow's outcome), tasks/extract/plan.py (what the tasks pass each other), and tasks/flow_context.py (the flow
-run's lock, servers and progress board, which the flow passes to these tasks as `ctx`).
+The pieces around it: tasks/extract/open_run.py (open the run, the disk budget), tasks/extract/claim.py (taking
+a shard's lease, the states a shard task hands back), eagle3/extract/pool.py (the servers, lent to one shard
+task at a time), tasks/extract/hold.py (the run lock and the shard leases), tasks/extract/report.py (progress,
+tables, events, the flow's outcome), tasks/extract/plan.py (what the tasks pass each other), and
+tasks/flow_context.py (the flow run's lock, servers and progress board, which the flow passes to these tasks
+as `ctx`).
 
-A shard task takes the shard's lease (eagle3.lease) before it looks for work, so no shard is extracted by two
+A shard task takes the shard's lease (eagle3.store.lease) before it looks for work, so no shard is extracted by two
 processes at once, whichever flow runs or nodes share the run directory. A shard another live run holds is
 handed back at once as `Leased`; `run_shards` then waits for those (`wait=True`), and takes over a lease whose
 holder died.
@@ -16,47 +18,41 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from prefect import Task, get_run_logger, task
-from prefect.cache_policies import INPUTS, NO_CACHE, RUN_ID, TASK_SOURCE, CachePolicy
+from prefect.cache_policies import INPUTS, RUN_ID, TASK_SOURCE, CachePolicy
 from prefect.client.schemas.objects import TaskRun
 from prefect.context import TaskRunContext
 from prefect.futures import PrefectFuture
-from prefect.states import Completed, State
+from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config import PipelineConfig
-from eagle3.disk import DiskBudgetError, DiskGuard, fmt_bytes, run_budget, shard_budget
-from eagle3.extract import RunMismatchError, extract_shard, open_run, shard_is_complete
-from eagle3.lease import ShardLease, ShardLeaseLostError
-from eagle3.lock import RunLockedError, RunLockLostError
+from eagle3.extract.disk import DiskBudgetError, DiskGuard, shard_budget
+from eagle3.extract.pool import server_count
+from eagle3.extract.shard import RunMismatchError, extract_shard, shard_is_complete
 from eagle3.progress import Progress, ProgressFn
-from eagle3.server_pool import server_count
-from eagle3.store import RunInfo, RunStore, ShardManifest
-from tasks.artifacts import RunProgressRef, TaskProgress, create_run_progress, run_key
+from eagle3.store.lease import ShardLease, ShardLeaseLostError
+from eagle3.store.lock import RunLockedError, RunLockLostError
+from eagle3.store.run_store import RunInfo, RunStore, ShardManifest
+from tasks.artifacts import run_key
+from tasks.extract.claim import is_leased, leased, result_of, settle, skipped, take_lease
 from tasks.extract.plan import (
     ExtractPlan,
     ShardIncomplete,
-    ShardOutcome,
     ShardResult,
     ShardStillLeased,
-    select_shards,
 )
 from tasks.extract.report import RunProgressBoard, disk_low
 from tasks.flow_context import FlowContext
-from tasks.server import reap_orphan_servers
+from tasks.progress import RunProgressRef, TaskProgress
 
-OPEN_RUN_TIMEOUT_S = 15 * 60  # hashes the model directory (weights > 64 MiB: first and last MiB only)
 SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.shard_size with care
 SHARD_RETRY_DELAY_S = 5
-BUDGET_TIMEOUT_S = 10 * 60  # reads every shard manifest; with disk.budget_gb also walks the store
-LEASE_POLL_S = 2.0  # how often a waiting shard task looks at a lease another run holds
 GB = 1e9
-LEASED = "Leased"
 #: Failures a retry of the same task cannot fix: the disk, the lock or a lease lost, a store made for other data.
 FINAL_ERRORS = (DiskBudgetError, RunLockLostError, ShardLeaseLostError, RunMismatchError, RunLockedError)
 
@@ -85,64 +81,6 @@ def store_identity(context: TaskRunContext, parameters: dict[str, Any]) -> str |
 SHARD_CACHE: CachePolicy = (
     (INPUTS - "progress" - "ctx") + TASK_SOURCE + RUN_ID + CachePolicy.from_cache_key_fn(store_identity)
 )
-
-
-@task(name="open-run", retries=0, timeout_seconds=OPEN_RUN_TIMEOUT_S, cache_policy=NO_CACHE)
-def open_run_task(
-    config: PipelineConfig, model_dir: str, ctx: FlowContext, shards: list[int] | None = None
-) -> ExtractPlan:
-    """Write run.json (or check that the existing store is for the same model, layers and data) and
-    start the run-level progress artifact. `shards` (a retry's plan) replaces extract.shards. `ctx`: the flow
-    run's context, whose server pool says what the engine captures (building it launches nothing)."""
-    logger = get_run_logger()
-    store = RunStore(config.run_dir)
-    reap_orphan_servers(config.run_dir)  # before this run's servers launch on the same ports
-    pool = ctx.server_pool(config, model_dir)
-    info = open_run(config, store, Path(model_dir), pool.info)
-    prepared = store.read_prepared_manifest()
-    assert prepared is not None  # open_run refuses a store without prepared data
-    shards = select_shards(config.extract.shards if shards is None else shards, len(prepared.shards))
-    expected = {s: prepared.shards[s] for s in shards}
-    logger.info(
-        "run %s: model %s, engine %s %s, HF aux layers %s (engine ids %s), %d shards, %d samples; servers: %s",
-        store.root,
-        info.model_path,
-        info.engine,
-        info.engine_version,
-        info.aux_layers,
-        info.engine_layer_ids,
-        len(shards),
-        sum(expected.values()),
-        ", ".join(s.label for s in pool.specs),
-    )
-    progress = create_run_progress(config.run_dir, "extract", sum(expected.values()))
-    return ExtractPlan(run_dir=config.run_dir, shards=shards, expected=expected, progress=progress)
-
-
-@task(name="disk-budget", retries=0, timeout_seconds=BUDGET_TIMEOUT_S, cache_policy=NO_CACHE)
-def disk_budget_task(config: PipelineConfig, plan: ExtractPlan) -> dict[str, int]:
-    """Before any shard: will the samples still missing in `plan.shards` fit (store, and the dump directory
-    when it is another filesystem)? DiskBudgetError (event `eagle3.disk.low`, never retried) when not."""
-    store = RunStore(config.run_dir)
-    info = store.read_run_info()
-    if info is None:
-        raise FileNotFoundError(f"{store.run_json} missing; the open-run task writes it before the budget check")
-    try:
-        checks = run_budget(
-            store, info, plan.shards, config.disk, dump_dir=config.extract.dump_dir, in_flight=config.extract.window
-        )
-    except DiskBudgetError as e:
-        disk_low(config.run_dir, e)
-        raise
-    for c in checks:
-        get_run_logger().info(
-            "disk budget (%s): need %s, %s may be used (%s free)",
-            c.where,
-            fmt_bytes(c.need_bytes),
-            fmt_bytes(c.available_bytes),
-            fmt_bytes(c.free_bytes),
-        )
-    return {c.where: c.need_bytes for c in checks}
 
 
 @task(
@@ -181,7 +119,7 @@ def extract_shard_task(
     if shard_is_complete(store, shard, info):
         return skipped(store, shard, report, "skipped")
     lease = ctx.shard_lease(config, shard)
-    if not take_lease(lease, wait, give_up=lambda: shard_is_complete(store, shard, info)):
+    if not take_lease(lease, wait, lambda: shard_is_complete(store, shard, info), SHARD_TIMEOUT_S):
         holder = lease.state()
         who = holder.describe() if holder is not None else "a run that has finished since"
         if shard_is_complete(store, shard, info):
@@ -190,20 +128,13 @@ def extract_shard_task(
         if wait:
             raise ShardStillLeased(f"shard {shard}: still leased by {who} after {SHARD_TIMEOUT_S} s; run again later")
         logger.info("shard %d: leased by another run (%s); this flow run comes back to it at the end", shard, who)
-        return Completed(name=LEASED, data=result_of(None, shard, "leased", 0.0, holder=who))
+        return leased(shard, who)
     with lease, report:
         if lease.took_over is not None:
             logger.warning("shard %d: took over a stale lease (%s)", shard, lease.took_over.describe())
         if shard_is_complete(store, shard, info):  # completed by another run between the two looks
             return skipped(store, shard, report, "by-other-run", holder="a run that finished it meanwhile")
         return extract_leased_shard(config, model_dir, ctx, store, info, shard, lease, report)
-
-
-def take_lease(lease: ShardLease, wait: bool, give_up: Callable[[], bool]) -> bool:
-    """Take the lease now, or (`wait`) as soon as its holder gives it back or dies; False when given up."""
-    if not wait:
-        return lease.try_acquire()
-    return lease.wait_acquire(SHARD_TIMEOUT_S, poll_s=LEASE_POLL_S, give_up=give_up)
 
 
 def extract_leased_shard(
@@ -274,37 +205,10 @@ class ShardReport:
         self.own.__exit__(*exc)
 
 
-def skipped(store: RunStore, shard: int, report: ProgressFn, status: ShardOutcome, holder: str = "") -> State:
-    m = store.read_manifest(shard)
-    assert m is not None  # shard_is_complete read it
-    report(Progress("extract", m.expected, m.expected, 0, 0.0, skipped=m.expected))
-    get_run_logger().info("shard %d: complete (%d samples), skipped", shard, m.expected)
-    return Completed(name="Skipped", data=result_of(m, shard, status, 0.0, holder=holder))
-
-
-def result_of(
-    m: ShardManifest | None, shard: int, status: ShardOutcome, seconds: float, *, server: str = "", holder: str = ""
-) -> ShardResult:
-    return ShardResult(
-        shard=shard,
-        status=status,
-        samples=len(m.samples) if m else 0,
-        tokens=m.tokens if m else 0,
-        bytes=m.bytes if m else 0,
-        seconds=seconds,
-        server=server,
-        holder=holder,
-    )
-
-
 def describe_errors(m: ShardManifest, show: int = 3) -> str:
     first = "; ".join(f"{sid}: {reason}" for sid, reason in list(m.errors.items())[:show])
     more = f" (+{len(m.errors) - show} more)" if len(m.errors) > show else ""
     return f"shard {m.shard} {m.status}: {len(m.errors)} of {m.expected} samples failed: {first}{more}"
-
-
-def is_leased(state: State[Any]) -> bool:
-    return state.is_completed() and state.name == LEASED
 
 
 def run_shards(config: PipelineConfig, model_dir: str, plan: ExtractPlan, ctx: FlowContext) -> dict[int, State[Any]]:
@@ -336,8 +240,3 @@ def run_shards(config: PipelineConfig, model_dir: str, plan: ExtractPlan, ctx: F
         leased = [s for s, state in states.items() if is_leased(state)]
         states.update(run_all(runner, waiting_task, leased, wait=True))
     return states
-
-
-def settle(future: PrefectFuture[Any]) -> State[Any]:
-    future.wait()
-    return future.state

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from eagle3.config import load_config
-from eagle3.extract import extract_shard
+from eagle3.extract.shard import extract_shard
 from tests.e2e.test_flows import latest_artifact
 from tests.unit.tiny_store import ScriptedEngine, make_store
 

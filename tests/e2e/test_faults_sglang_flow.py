@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, write_prepared
 from tests.integration.test_faults_sglang import assert_exactly_once, wait_for
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 PORT = 31102
-LAUNCH = "==== eagle3: launching SGLang"  # eagle3/sglang_server.py writes it to the server log before each launch
+LAUNCH = "==== eagle3: launching SGLang"  # eagle3/serving/server.py writes it to the server log before each launch
 
 
 def server_leaders(port: int) -> list[int]:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from eagle3.config import load_config
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 from tests.integration.sglang_support import SGLANG_PYTHON
 
 pytestmark = pytest.mark.slow

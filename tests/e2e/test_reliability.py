@@ -25,9 +25,9 @@ import pytest
 import yaml
 
 from eagle3.config import PipelineConfig, load_config
-from eagle3.lock import LOCK_NAME
-from eagle3.store import RunStore
-from eagle3.verify import QUARANTINE, verify_run
+from eagle3.store.lock import LOCK_NAME
+from eagle3.store.run_store import RunStore
+from eagle3.store.verify import QUARANTINE, verify_run
 
 pytestmark = pytest.mark.slow
 

@@ -29,9 +29,9 @@ import pytest
 import yaml
 
 from eagle3.config import PipelineConfig, load_config
-from eagle3.lease import lease_path
-from eagle3.lock import read_owner
-from eagle3.store import RunStore
+from eagle3.store.lease import lease_path
+from eagle3.store.lock import read_owner
+from eagle3.store.run_store import RunStore
 from tests.store_compare import store_contents
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from eagle3.config import load_config
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
 from tests.store_compare import store_contents
 

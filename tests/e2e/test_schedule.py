@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 from tests.landing import drop
 from tests.ports import free_port
 

@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from eagle3 import procs
 from eagle3.config import PipelineConfig
-from eagle3.server_record import ServerRecord, read_record, write_record
-from eagle3.store import RunStore
+from eagle3.serving import procs
+from eagle3.serving.record import ServerRecord, read_record, write_record
+from eagle3.store.run_store import RunStore
 from tests.e2e.test_reliability import events
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, write_prepared
 from tests.integration.test_faults_sglang import assert_exactly_once, wait_for

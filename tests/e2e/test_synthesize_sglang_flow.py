@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-import eagle3.synthesize as synth
+import eagle3.data.synthesize as synth
 from eagle3.config import load_config
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 from tests.e2e.test_faults_sglang_flow import LAUNCH, server_leaders
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
 from tests.ports import free_port
@@ -77,7 +77,7 @@ def test_a_pipeline_killed_mid_synthesize_reruns_only_the_missing_samples_throug
     finally:
         if first.poll() is None:
             first.kill()
-    deadline = time.monotonic() + 10  # the killed run's server dies with it (its keeper, eagle3/keeper.py)
+    deadline = time.monotonic() + 10  # the killed run's server dies with it (its keeper, eagle3/serving/keeper.py)
     while server_leaders(port) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert server_leaders(port) == [], "the SIGKILLed run's SGLang server outlived it"

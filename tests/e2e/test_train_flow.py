@@ -21,7 +21,7 @@ import yaml
 
 from eagle3.config import PipelineConfig
 from eagle3.draft.synthetic import SyntheticSpec, write_run
-from eagle3.fsio import read_json
+from eagle3.store.fsio import read_json
 from eagle3.train.launch import read_metrics
 from tests.e2e.test_flows import latest_artifact
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-import eagle3.prompt_gen as pg
-import eagle3.synthesize as synth
+import eagle3.data.prompts as pg
+import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
-from eagle3.dedup import NearDuplicates
-from eagle3.prepare import prepare
-from eagle3.store import RunStore
+from eagle3.data.dedup import NearDuplicates
+from eagle3.data.prepare import prepare
+from eagle3.store.run_store import RunStore
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import eagle3.prompt_gen as pg
-import eagle3.synthesize as synth
+import eagle3.data.prompts as pg
+import eagle3.data.synthesize as synth
 from eagle3.config import EvaluateConfig, PromptsConfig
-from eagle3.prepare import prepare
-from eagle3.sglang_server import SGLangServer
-from eagle3.store import RunStore
+from eagle3.data.prepare import prepare
+from eagle3.serving.server import SGLangServer
+from eagle3.store.run_store import RunStore
 from tests.integration.test_synthesize_sglang import config, records, server  # noqa: F401 (the module's server)
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

@@ -12,15 +12,14 @@ import pytest
 import torch
 from torch import Tensor
 
-from eagle3.chat import ChatTokenizer
 from eagle3.config import EvaluateConfig
+from eagle3.data.chat import ChatTokenizer
+from eagle3.data.eval_sets import HUMANEVAL_REQUEST, EvalError
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend
 from eagle3.evaluate.decode import EagleDrafter, Target, greedy_decode, speculative_decode
 from eagle3.evaluate.offline import (
-    HUMANEVAL_REQUEST,
-    EvalError,
     OfflineEvalResult,
     evaluate_offline,
     load_eval_prompts,
@@ -28,8 +27,8 @@ from eagle3.evaluate.offline import (
     load_target,
     summarize,
 )
-from eagle3.fsio import atomic_write_json, read_json
-from eagle3.store import RunInfo
+from eagle3.store.fsio import atomic_write_json, read_json
+from eagle3.store.run_store import RunInfo
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

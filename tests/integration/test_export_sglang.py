@@ -25,8 +25,8 @@ from safetensors.torch import load_file, save_file
 from eagle3.config import EvaluateConfig
 from eagle3.draft.model import DraftConfig, Eagle3Draft, apply_rope, dense_attend, rope_cos_sin, rope_inv_freq
 from eagle3.evaluate.live import LiveEvalError, measure
-from eagle3.export import ExportResult
-from eagle3.sglang_server import SGLangServer
+from eagle3.release.export import ExportResult
+from eagle3.serving.server import SGLangServer
 from tests.integration.sglang_support import AUX, SGLANG_PYTHON, export_random_draft, require_sglang_env, sglang_config
 from tests.ports import free_port
 

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from eagle3.config import PipelineConfig
-from eagle3.engines.base import Captured, Dumped, EngineInfo, Failed, Outcome
-from eagle3.engines.transformers_engine import TransformersEngine
-from eagle3.extract import RunMismatchError, extract_shard, open_run, shard_is_complete
+from eagle3.extract.engines.base import Captured, Dumped, EngineInfo, Failed, Outcome
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import RunMismatchError, extract_shard, open_run, shard_is_complete
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import Progress
-from eagle3.sample_format import encode_sample
-from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from eagle3.store.sample_format import encode_sample
 
 pytestmark = pytest.mark.slow
 

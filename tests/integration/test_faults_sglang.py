@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 import torch
 
-from eagle3 import dump_protocol as proto
-from eagle3.engines.sglang_engine import build_sglang_engine
-from eagle3.extract import extract_shard, open_run
-from eagle3.store import PreparedSample, RunStore
-from eagle3.verify import verify_run
+from eagle3.extract.engines.sglang_engine import build_sglang_engine
+from eagle3.extract.shard import extract_shard, open_run
+from eagle3.store import dump_protocol as proto
+from eagle3.store.run_store import PreparedSample, RunStore
+from eagle3.store.verify import verify_run
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, write_prepared
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

@@ -22,15 +22,15 @@ import pytest
 import torch
 
 from eagle3.config import DiskConfig, PipelineConfig
-from eagle3.disk import DiskBudgetError, DiskGuard, run_budget, shard_budget, store_size
-from eagle3.engines.base import Outcome
-from eagle3.engines.transformers_engine import TransformersEngine
-from eagle3.extract import extract_shard, open_run
-from eagle3.failed_shards import failed_shards, plan_retry, plan_retry_samples
-from eagle3.prepare import prepare
-from eagle3.sample_format import check_header
-from eagle3.store import PreparedSample, RunInfo, RunStore
-from eagle3.verify import QUARANTINE, verify_run
+from eagle3.data.prepare import prepare
+from eagle3.extract.disk import DiskBudgetError, DiskGuard, run_budget, shard_budget, store_size
+from eagle3.extract.engines.base import Outcome
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import extract_shard, open_run
+from eagle3.store.failed_shards import failed_shards, plan_retry, plan_retry_samples
+from eagle3.store.run_store import PreparedSample, RunInfo, RunStore
+from eagle3.store.sample_format import check_header
+from eagle3.store.verify import QUARANTINE, verify_run
 from tests.unit.tiny_store import ScriptedEngine, make_store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ class CountingEngine:
         self.calls: list[list[str]] = []
 
     def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
-        from eagle3.engines.base import Failed
+        from eagle3.extract.engines.base import Failed
 
         self.calls.append([s.sample_id for s in samples])
         for s in samples:
@@ -123,9 +123,9 @@ _KILLED_EXTRACT = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from eagle3.engines.transformers_engine import TransformersEngine
-    from eagle3.extract import extract_shard
-    from eagle3.store import RunStore
+    from eagle3.extract.engines.transformers_engine import TransformersEngine
+    from eagle3.extract.shard import extract_shard
+    from eagle3.store.run_store import RunStore
 
     class Slow:  # a slow server: time to kill the process mid-shard
         def __init__(self, inner):

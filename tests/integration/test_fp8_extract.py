@@ -13,14 +13,14 @@ import torch
 from eagle3.config import PipelineConfig, TrainConfig
 from eagle3.convert import convert, export_specforge, export_speculators, import_specforge
 from eagle3.draft.synthetic import SyntheticSpec, write_run
-from eagle3.engines import build_engine
-from eagle3.engines.transformers_engine import TransformersEngine
-from eagle3.extract import RunMismatchError, extract_shard, open_run
-from eagle3.sample_format import FP8, read_sample
-from eagle3.store import RunStore
+from eagle3.extract.engines import build_engine
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import RunMismatchError, extract_shard, open_run
+from eagle3.store.run_store import RunStore
+from eagle3.store.sample_format import FP8, read_sample
+from eagle3.store.verify import verify_run
 from eagle3.train.launch import read_metrics
 from eagle3.train.trainer import Trainer, TrainJob
-from eagle3.verify import verify_run
 from tests.integration.sglang_support import token_errors
 from tests.integration.test_extract import TEXTS, write_prepared
 

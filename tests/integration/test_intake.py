@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from eagle3.config import PipelineConfig
-from eagle3.engines.transformers_engine import TransformersEngine
-from eagle3.extract import extract_shard, open_run, shard_is_complete
-from eagle3.prepare import PrepareError, prepare
-from eagle3.store import RunStore
+from eagle3.data.prepare import PrepareError, prepare
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import extract_shard, open_run, shard_is_complete
+from eagle3.store.run_store import RunStore
 from tests.integration.test_extract import CountingEngine
 from tests.landing import drop
 

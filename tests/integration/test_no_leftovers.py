@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import procs
+from eagle3.serving import procs
 from tests.conftest import session_processes
 from tests.integration.sglang_support import require_sglang_env
 

@@ -14,14 +14,14 @@ from safetensors.torch import load_file
 
 from eagle3.config import EvaluateConfig, PipelineConfig, TrainConfig
 from eagle3.convert.stage import convert
-from eagle3.engines.transformers_engine import TransformersEngine
+from eagle3.data.synthesize import synthesize
 from eagle3.evaluate.offline import evaluate_offline
-from eagle3.export import export_draft
-from eagle3.extract import extract_shard, open_run
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import extract_shard, open_run
 from eagle3.model_files import sha256_file
-from eagle3.promote import EvalRecord, EvalSet, current_link, pointed, promote
-from eagle3.store import RunStore
-from eagle3.synthesize import synthesize
+from eagle3.release.export import export_draft
+from eagle3.release.promote import EvalRecord, EvalSet, current_link, pointed, promote
+from eagle3.store.run_store import RunStore
 from eagle3.train.trainer import Trainer, TrainJob
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]

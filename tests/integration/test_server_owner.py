@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from eagle3 import procs
-from eagle3.server_record import read_record
+from eagle3.serving import procs
+from eagle3.serving.record import read_record
 from tests.integration.sglang_support import export_random_draft, require_sglang_env
 from tests.integration.test_faults_sglang import wait_for
 from tests.ports import free_port

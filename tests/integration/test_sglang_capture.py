@@ -13,13 +13,13 @@ import httpx
 import pytest
 import torch
 
-from eagle3 import dump_protocol as proto
-from eagle3.engines.base import Dumped, Outcome
-from eagle3.engines.sglang_engine import SGLangEngine
-from eagle3.extract import extract_shard, open_run
-from eagle3.sample_format import read_sample
-from eagle3.sglang_server import SGLangServer
-from eagle3.store import PreparedSample, RunStore
+from eagle3.extract.engines.base import Dumped, Outcome
+from eagle3.extract.engines.sglang_engine import SGLangEngine
+from eagle3.extract.shard import extract_shard, open_run
+from eagle3.serving.server import SGLangServer
+from eagle3.store import dump_protocol as proto
+from eagle3.store.run_store import PreparedSample, RunStore
+from eagle3.store.sample_format import read_sample
 from tests.integration.sglang_support import (
     TEXTS,
     assert_same_layer,
@@ -126,7 +126,7 @@ def test_chunked_prefill_of_a_long_prompt_gives_the_one_pass_data(
 ) -> None:
     """The server runs with --chunked-prefill-size 16: the long sample reaches the hook in >= 7 chunks;
     the transformers engine computes it in one pass."""
-    from eagle3.engines.transformers_engine import TransformersEngine
+    from eagle3.extract.engines.transformers_engine import TransformersEngine
 
     long = [s for s in samples if len(s) > 100]
     assert env["cfg"].server.chunked_prefill_size == 16 and long
@@ -223,7 +223,7 @@ def test_fp8_requests_are_quantized_by_the_hook_through_chunked_prefill_into_a_v
     """extract.store_dtype float8_e4m3 on the same server that serves bf16 runs (the dtype travels per request in
     its .req.json): the hook quantizes on the device, the long sample's scales are stitched over its >= 7 chunks,
     and the dequantized states are within FP8 noise of the HF forward (e4m3: ~2.5% per token)."""
-    from eagle3.verify import verify_run
+    from eagle3.store.verify import verify_run
 
     cfg = env["cfg"].model_copy(deep=True)
     cfg.run_dir, cfg.extract.store_dtype = str(env["root"] / "store-fp8"), "float8_e4m3"

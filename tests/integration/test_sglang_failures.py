@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from eagle3 import dump_protocol as proto
-from eagle3.engines.base import Dumped, Failed
-from eagle3.engines.sglang_engine import SGLangEngine
-from eagle3.sglang_server import SGLangServer
+from eagle3.extract.engines.base import Dumped, Failed
+from eagle3.extract.engines.sglang_engine import SGLangEngine
+from eagle3.serving.server import SGLangServer
+from eagle3.store import dump_protocol as proto
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, start_server
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import eagle3.synthesize as synth
+import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
-from eagle3.prepare import prepare
+from eagle3.data.prepare import prepare
 from eagle3.progress import Progress
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 
 PROMPTS = Path(__file__).resolve().parents[1] / "assets" / "synth_prompts.jsonl"
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-import eagle3.synthesize as synth
+import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.progress import Progress
-from eagle3.sglang_server import SGLangServer
-from eagle3.store import RunStore
+from eagle3.serving.server import SGLangServer
+from eagle3.store.run_store import RunStore
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
 from tests.ports import free_port
 

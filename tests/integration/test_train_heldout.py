@@ -16,9 +16,9 @@ from eagle3.draft.data import load_index, read_row
 from eagle3.draft.heldout import split_heldout
 from eagle3.draft.loss import target_distribution
 from eagle3.draft.synthetic import write_run
-from eagle3.export import export_draft
-from eagle3.promote import export_dir_for
-from eagle3.run_paths import RunPaths
+from eagle3.release.export import export_draft
+from eagle3.release.promote import export_dir_for
+from eagle3.store.paths import RunPaths
 from eagle3.train.launch import read_heldout_metrics, read_metrics
 from eagle3.train.trainer import Trainer, TrainError, TrainJob, write_job
 from tests.integration import test_train

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import torch
 
-from eagle3.engines.base import Captured, Failed
-from eagle3.engines.transformers_engine import TransformersEngine, length_batches
-from eagle3.store import PreparedSample
+from eagle3.extract.engines.base import Captured, Failed
+from eagle3.extract.engines.transformers_engine import TransformersEngine, length_batches
+from eagle3.store.run_store import PreparedSample
 
 pytestmark = pytest.mark.slow
 
@@ -206,7 +206,7 @@ def test_packed_sequence_check_is_skipped_only_inside_the_engines_forward(
 ) -> None:
     import transformers.masking_utils as mu
 
-    from eagle3.engines.transformers_engine import rows_not_packed
+    from eagle3.extract.engines.transformers_engine import rows_not_packed
 
     real = mu.find_packed_sequence_indices
     seen: list[torch.Tensor] = []

@@ -148,8 +148,8 @@ def prepare_with_a_broken_sample(run_dir: Path, demo_model: Path) -> bytes:
     """prepare run_dir (4 demo prompts, shards of 2), then give shard 1's first sample a token id past the
     vocabulary: the engine refuses that sample, so extraction leaves shard 1 partial (tests/e2e does the same)."""
     from eagle3.config import load_config
-    from eagle3.prepare import prepare
-    from eagle3.store import RunStore
+    from eagle3.data.prepare import prepare
+    from eagle3.store.run_store import RunStore
 
     cfg = load_config(
         None,
@@ -188,7 +188,7 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
     shot(page, "08-failed-shards", full_page=True)
 
     # The cause is fixed (the prepared shard is good again); retry from the UI: the retry-failed deployment.
-    from eagle3.store import RunStore
+    from eagle3.store.run_store import RunStore
 
     store = RunStore(run_dir)
     store.prepared_shard_path(1).write_bytes(good_shard_1)

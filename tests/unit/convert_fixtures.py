@@ -7,8 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from eagle3.sample_format import encode_sample, write_sample
-from eagle3.store import (
+from eagle3.store.run_store import (
     PREPARED_SCHEMA,
     PreparedManifest,
     RunInfo,
@@ -16,6 +15,7 @@ from eagle3.store import (
     SampleEntry,
     ShardManifest,
 )
+from eagle3.store.sample_format import encode_sample, write_sample
 
 NUM_LAYERS = 8
 AUX_LAYERS = [2, 4, 5]  # HF indices: [2, N//2, N-3]

@@ -9,6 +9,7 @@ from uuid import UUID, uuid4
 import pytest
 
 import tasks.artifacts as art
+import tasks.progress as prog
 from eagle3.progress import Progress
 
 
@@ -20,10 +21,10 @@ def test_keys_are_lowercase_letters_digits_and_single_dashes() -> None:
 
 
 def test_the_description_reads_n_of_m_rate_and_eta() -> None:
-    assert art.describe(40, 200, "samples", 1234.4, 95) == "40/200 samples, 1234 tok/s, ETA 95s"
-    assert art.describe(0, 5, "rows", 0.0, None, "2 failed") == "0/5 rows, 0 tok/s, ETA ?, 2 failed"
-    assert art.format_eta(3725) == "62m05s" and art.format_eta(4 * 3600 + 60) == "4h01m"
-    assert art.text_bar(0.5).startswith("[" + "#" * 12 + "-" * 12 + "]")
+    assert prog.describe(40, 200, "samples", 1234.4, 95) == "40/200 samples, 1234 tok/s, ETA 95s"
+    assert prog.describe(0, 5, "rows", 0.0, None, "2 failed") == "0/5 rows, 0 tok/s, ETA ?, 2 failed"
+    assert prog.format_eta(3725) == "62m05s" and prog.format_eta(4 * 3600 + 60) == "4h01m"
+    assert prog.text_bar(0.5).startswith("[" + "#" * 12 + "-" * 12 + "]")
 
 
 class FakeApi:
@@ -45,8 +46,8 @@ class FakeApi:
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     fake = FakeApi()
-    monkeypatch.setattr(art, "create_progress_artifact", fake.create)
-    monkeypatch.setattr(art, "update_progress_artifact", fake.update)
+    monkeypatch.setattr(prog, "create_progress_artifact", fake.create)
+    monkeypatch.setattr(prog, "update_progress_artifact", fake.update)
     return fake
 
 
@@ -55,7 +56,7 @@ def progress(done: int, total: int = 10, elapsed: float = 1.0, **kw: Any) -> Pro
 
 
 def test_updates_are_throttled_in_place_and_the_end_is_always_written(api: FakeApi) -> None:
-    report = art.TaskProgress(logging.getLogger("t"), "shard 0", min_interval_s=3600)
+    report = prog.TaskProgress(logging.getLogger("t"), "shard 0", min_interval_s=3600)
     for done in range(1, 11):
         report(progress(done))
     assert [c[0] for c in api.calls] == ["create", "update"]  # first report, then only the final one
@@ -66,8 +67,8 @@ def test_a_failing_api_is_logged_once_and_never_raises(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     fake = FakeApi(fail=True)
-    monkeypatch.setattr(art, "create_progress_artifact", fake.create)
-    report = art.TaskProgress(logging.getLogger("t"), "prepare", key="k", min_interval_s=0)
+    monkeypatch.setattr(prog, "create_progress_artifact", fake.create)
+    report = prog.TaskProgress(logging.getLogger("t"), "prepare", key="k", min_interval_s=0)
     with caplog.at_level(logging.WARNING):
         for done in range(1, 4):
             report(progress(done, total=3))

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from eagle3 import fsio
+from eagle3.store import fsio
 
 
 def parts() -> list[bytes | memoryview]:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eagle3.draft.data import DataError, read_row
-from eagle3.sample_format import encode_sample, read_sample, write_sample
+from eagle3.store.sample_format import encode_sample, read_sample, write_sample
 
 
 def sample(path: Path, t: int, seed: int, k: int = 3, h: int = 8, dtype: torch.dtype = torch.bfloat16) -> Path:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from eagle3.chat import ChatTokenizer, RowError, normalize_row, sample_id
+from eagle3.data.chat import ChatTokenizer, RowError, normalize_row, sample_id
 
 
 @pytest.fixture(scope="module")

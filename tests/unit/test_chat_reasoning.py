@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from eagle3.chat import ChatTemplateError, ChatTokenizer, normalize_row, sample_id, split_reasoning
 from eagle3.config import DataConfig, PipelineConfig
-from eagle3.prepare import dataset_fingerprint, prepare
-from eagle3.store import RunStore
+from eagle3.data.chat import ChatTemplateError, ChatTokenizer, normalize_row, sample_id, split_reasoning
+from eagle3.data.prepare import dataset_fingerprint, prepare
+from eagle3.store.run_store import RunStore
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "assets" / "thinking_template.jinja"
 

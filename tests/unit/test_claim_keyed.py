@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle3.fsio import claim_keyed, read_json
+from eagle3.store.fsio import claim_keyed, read_json
 
 
 def test_same_key_keeps_outputs_another_key_clears_them_and_temps_always_go(tmp_path: Path) -> None:

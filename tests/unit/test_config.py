@@ -114,7 +114,7 @@ def test_training_and_the_offline_evaluation_have_their_own_device(tmp_path: Pat
     """train.device and evaluate.device, not server.device (the extraction server's), decide where the draft
     trains and where the offline evaluation runs; both default to `auto` and the demo pins them to cpu."""
     from eagle3.evaluate.offline import offline_dtype
-    from eagle3.retrain import TrainPlan
+    from eagle3.release.retrain import TrainPlan
     from tasks.train import new_job
 
     default = PipelineConfig.model_validate({})
@@ -138,7 +138,7 @@ def test_writer_threads_has_one_default_for_the_flow_and_for_callers_without_a_c
     from pydantic import ValidationError
 
     from eagle3.config import ExtractConfig
-    from eagle3.extract import WRITER_THREADS, extract_shard
+    from eagle3.extract.shard import WRITER_THREADS, extract_shard
 
     assert ExtractConfig().writer_threads == WRITER_THREADS == 8
     assert inspect.signature(extract_shard).parameters["writer_threads"].default == WRITER_THREADS

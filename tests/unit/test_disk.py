@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3 import disk
 from eagle3.config import DiskConfig
-from eagle3.disk import (
+from eagle3.extract import disk
+from eagle3.extract.disk import (
     GB,
     DiskBudgetError,
     DiskGuard,
@@ -23,8 +23,8 @@ from eagle3.disk import (
     shard_need,
     store_size,
 )
-from eagle3.extract import extract_shard
-from eagle3.sample_format import check_header, encode_sample
+from eagle3.extract.shard import extract_shard
+from eagle3.store.sample_format import check_header, encode_sample
 from tests.unit.tiny_store import ScriptedEngine, make_store
 
 

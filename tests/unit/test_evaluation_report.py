@@ -16,7 +16,7 @@ from eagle3.evaluate.offline import (
     PositionStats,
     write_offline_result,
 )
-from eagle3.store import RunInfo, RunStore
+from eagle3.store.run_store import RunInfo, RunStore
 from tasks.evaluate import EvalSummary, evaluation_markdown, evaluation_outcome, previous_offline
 
 

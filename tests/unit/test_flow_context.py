@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import PipelineConfig
-from eagle3.lock import LOCK_NAME, RunLockLostError
-from tasks.artifacts import RunProgressRef
+from eagle3.store.lock import LOCK_NAME, RunLockLostError
 from tasks.flow_context import flow_context
+from tasks.progress import RunProgressRef
 
 
 def config(run_dir: Path) -> PipelineConfig:

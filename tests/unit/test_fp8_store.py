@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3 import disk
 from eagle3.draft.data import DataError, read_row
-from eagle3.extract import RunMismatchError, check_same_run
-from eagle3.sample_format import (
+from eagle3.extract import disk
+from eagle3.extract.shard import RunMismatchError, check_same_run
+from eagle3.store.run_store import RunInfo, RunStore
+from eagle3.store.sample_format import (
     FP8,
     FP8_NAME,
     SampleFormatError,
@@ -24,7 +25,6 @@ from eagle3.sample_format import (
     verify_sample,
     write_sample,
 )
-from eagle3.store import RunInfo, RunStore
 from tests.unit.tiny_store import run_info
 
 T, K, H = 64, 3, 1024

@@ -1,9 +1,9 @@
-"""Generation request ids (eagle3/generate_client.py): never captured by the hook, one per attempt."""
+"""Generation request ids (eagle3/serving/generation.py): never captured by the hook, one per attempt."""
 
 from __future__ import annotations
 
-from eagle3 import dump_protocol as proto
-from eagle3.generate_client import make_generation_rid
+from eagle3.serving.generation import make_generation_rid
+from eagle3.store import dump_protocol as proto
 from server_patch.capture import plan_batch
 
 

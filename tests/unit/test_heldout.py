@@ -20,8 +20,8 @@ from eagle3.draft.checkpoint import (
 from eagle3.draft.data import DataError, Sample
 from eagle3.draft.heldout import heldout_rows, heldout_score, split_heldout
 from eagle3.draft.loss import TTTLoss, chain_acceptance
-from eagle3.fsio import atomic_write_json
-from eagle3.sample_ids import sample_keys, source_of
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.sample_ids import sample_keys, source_of
 
 INDEX = Path("run/index.arrow")
 
@@ -49,7 +49,7 @@ def test_the_split_is_disjoint_complete_stable_and_survives_growth_of_the_store(
 
 
 def test_every_answer_to_one_prompt_is_on_the_same_side_of_the_split_and_of_the_data_fraction() -> None:
-    # synthesize.samples_per_prompt = 3: a prompt's answers are <id>, <id>.s1, <id>.s2 (eagle3/sample_ids.py); a
+    # synthesize.samples_per_prompt = 3: a prompt's answers are <id>, <id>.s1, <id>.s2 (eagle3/store/sample_ids.py); a
     # held-out answer whose sibling was trained on would measure a prompt the draft has seen
     store = [
         Sample(Path(f"{k}.safetensors"), 10, key)

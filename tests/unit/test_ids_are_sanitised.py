@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import dump_protocol
-from eagle3.extract import check_unique_paths
-from eagle3.fsio import MAX_NAME, atomic_write_bytes, remove_stale_temps, safe_name
-from eagle3.store import PreparedSample, RunStore
+from eagle3.extract.shard import check_unique_paths
+from eagle3.store import dump_protocol
+from eagle3.store.fsio import MAX_NAME, atomic_write_bytes, remove_stale_temps, safe_name
+from eagle3.store.run_store import PreparedSample, RunStore
 
 CRAFTED = [
     "../../x",

@@ -1,5 +1,8 @@
 """DESIGN.md's rooms, checked on the source with `ast` (nothing is imported):
 
+eagle3/<package>/  imports of ours only what its __init__.py's "May import:" line names (eagle3/__init__.py
+               says it for the top-level modules); the packages' rules form no cycle, and neither do the imports.
+
 eagle3/        never imports prefect, flows or tasks; never sglang at module level. One exemption:
                eagle3/cli.py, the entry point, imports prefect and flows inside the commands that run
                flows (never at module level). Why it stays there: the `eagle3` console script is the one
@@ -8,7 +11,7 @@ eagle3/        never imports prefect, flows or tasks; never sglang at module lev
                No import cycles between eagle3/ modules, not even through an import inside a function.
 eagle3/train/  (trainer, torchrun worker, launcher, plots) never imports prefect: torchrun runs it bare.
 tasks/         never imports flows; tasks/extract/ (the extract flows' tasks) included.
-server_patch/  imports nothing of ours except eagle3.dump_protocol, eagle3.sample_format, eagle3.fsio
+server_patch/  imports nothing of ours except eagle3.store.dump_protocol, eagle3.store.sample_format, eagle3.store.fsio
                (the store-format modules; they run inside SGLang's processes), and never prefect.
 """
 
@@ -23,7 +26,9 @@ OURS = ("eagle3", "flows", "tasks", "server_patch")
 #: The only eagle3/ module that may import Prefect or the flows at all, and only inside functions.
 ENTRY_POINT = "eagle3/cli.py"
 #: What server_patch/ may import of ours (each must itself import nothing of ours beyond this set).
-SERVER_PATCH_ALLOWED = {"eagle3.dump_protocol", "eagle3.sample_format", "eagle3.fsio"}
+SERVER_PATCH_ALLOWED = {"eagle3.store.dump_protocol", "eagle3.store.sample_format", "eagle3.store.fsio"}
+#: The packages around them, shipped with them into SGLang's environment (deploy/sglang_env.sh): docstrings only.
+PLUGIN_PACKAGES = ("eagle3", "eagle3.store")
 
 
 def sources(package: str) -> list[Path]:
@@ -94,15 +99,18 @@ def test_server_patch_imports_only_the_store_format_modules_of_ours_and_never_pr
     found = []
     for path in sources("server_patch"):
         for line, module in imports(path, module_level_only=False):
-            if top(module) in {"eagle3", "flows", "tasks", "prefect"} and module != "eagle3":
+            if top(module) in {"eagle3", "flows", "tasks", "prefect"} and module not in PLUGIN_PACKAGES:
                 allowed = top(module) == "eagle3" and any(module.startswith(a) for a in SERVER_PATCH_ALLOWED)
                 if not allowed:
                     found.append(f"{path.relative_to(REPO)}:{line} imports {module}")
     assert found == []
     for module in SERVER_PATCH_ALLOWED:  # and what they import stays inside the set (or outside our code)
         path = REPO / (module.replace(".", "/") + ".py")
-        ours = {m for _, m in imports(path, module_level_only=False) if top(m) in OURS and m != "eagle3"}
+        ours = {m for _, m in imports(path, module_level_only=False) if top(m) in OURS and m not in PLUGIN_PACKAGES}
         assert all(any(m.startswith(a) for a in SERVER_PATCH_ALLOWED) for m in ours), f"{module} imports {ours}"
+    for package in PLUGIN_PACKAGES:  # the packages' __init__ files import nothing that is not shipped
+        init = REPO / package.replace(".", "/") / "__init__.py"
+        assert list(imports(init, module_level_only=False)) == [], f"{init.relative_to(REPO)} imports something"
 
 
 def test_the_checker_sees_lazy_type_checking_and_relative_imports(tmp_path: Path) -> None:
@@ -171,3 +179,109 @@ def test_the_cycle_check_sees_a_cycle_through_a_lazy_import(tmp_path: Path) -> N
     (pkg / "lock.py").write_text("def f():\n    from eagle3.lease import live\n")
     (pkg / "lease.py").write_text("from eagle3.lock import f\n")
     assert import_cycle("eagle3", root=tmp_path) == ["eagle3.lease", "eagle3.lock", "eagle3.lease"]
+
+
+# packages by domain -------------------------------------------------------------------------------------------------
+LIB = REPO / "eagle3"
+
+
+def unit_of(module: str) -> str:
+    """The package (eagle3.store) or top-level module (eagle3.config) a module of the library belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def rules(lib: Path = LIB) -> dict[str, set[str]]:
+    """{unit: units it may import}: each package's "May import:" line, and eagle3/__init__.py's table of the
+    top-level modules (`name, name:  eagle3.a, eagle3.b`, or `nothing`)."""
+    out: dict[str, set[str]] = {}
+    for init in sorted(lib.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        _, found, rest = doc.partition("May import:")
+        assert found, f"{init.relative_to(lib.parent)}: no 'May import:' line in its docstring"
+        out[f"eagle3.{init.parent.name}"] = set(rest.split("\n\n")[0].replace(",", " ").split()) - {"nothing"}
+    doc = ast.get_docstring(ast.parse((lib / "__init__.py").read_text())) or ""
+    for line in doc.splitlines():
+        names, sep, allowed = line.strip().partition(":")
+        modules = [n.strip() for n in names.split(",")]
+        if sep and all(n.isidentifier() and (lib / f"{n}.py").is_file() for n in modules):
+            for n in modules:
+                out[f"eagle3.{n}"] = set(allowed.replace(",", " ").split()) - {"nothing"}
+    return out
+
+
+def forbidden_imports(lib: Path = LIB) -> list[str]:
+    """Every import of ours (lazy and TYPE_CHECKING ones included) that its unit's rule does not allow, as
+    `file:line imports unit`."""
+    allowed = rules(lib)
+    found = set()
+    for path in sorted(lib.rglob("*.py")):
+        unit = unit_of(module_of(path, lib.parent))
+        if unit == "eagle3":
+            continue
+        assert unit in allowed, f"{path.relative_to(lib.parent)}: {unit} has no import rule"
+        for line, name in imports(path, module_level_only=False, root=lib.parent):
+            target = unit_of(name)
+            seg = target.partition(".")[2]
+            if not seg or not ((lib / seg).is_dir() or (lib / f"{seg}.py").is_file()):
+                continue  # eagle3 itself, or a name of its __init__ (`from eagle3 import __version__`)
+            if top(name) == "eagle3" and target != unit and target not in allowed[unit]:
+                found.add(f"{path.relative_to(lib.parent)}:{line} imports {target}")
+    return sorted(found)
+
+
+def rule_cycle(allowed: dict[str, set[str]]) -> list[str]:
+    done: set[str] = set()
+
+    def walk(unit: str, stack: list[str]) -> list[str]:
+        for nxt in sorted(allowed.get(unit, set())):
+            if nxt in stack:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in done and (cycle := walk(nxt, [*stack, nxt])):
+                return cycle
+        done.add(unit)
+        return []
+
+    for unit in sorted(allowed):
+        if unit not in done and (cycle := walk(unit, [unit])):
+            return cycle
+    return []
+
+
+def test_every_package_says_what_it_is_for_and_what_it_may_import() -> None:
+    packages = sorted(p.parent.name for p in LIB.glob("*/__init__.py"))
+    assert packages == ["convert", "data", "draft", "evaluate", "extract", "release", "serving", "store", "train"]
+    allowed = rules()
+    for name in packages:
+        doc = ast.get_docstring(ast.parse((LIB / name / "__init__.py").read_text())) or ""
+        assert len(doc.partition("May import:")[0].strip()) > 40, f"eagle3/{name}/__init__.py: no purpose line"
+    top_level = sorted(f"eagle3.{p.stem}" for p in LIB.glob("*.py") if p.stem != "__init__")
+    assert [m for m in top_level if m not in allowed] == []  # every top-level module has its rule too
+    assert all(t in allowed for targets in allowed.values() for t in targets), "a rule names an unknown unit"
+
+
+def test_each_package_imports_only_what_its_rule_allows() -> None:
+    assert forbidden_imports() == []
+
+
+def test_the_rules_form_no_cycle_and_the_store_is_the_floor() -> None:
+    allowed = rules()
+    assert rule_cycle(allowed) == []
+    assert allowed["eagle3.store"] <= {"eagle3.progress"}  # the store imports nothing above it
+    assert "eagle3.data" not in allowed["eagle3.serving"]  # serving knows nothing of the data end
+    assert "eagle3.serving" not in allowed["eagle3.draft"] | allowed["eagle3.train"]  # nor the draft of serving
+
+
+def test_the_rule_checker_catches_a_forbidden_and_a_cyclic_rule(tmp_path: Path) -> None:
+    lib = tmp_path / "eagle3"
+    for pkg, rule in (("store", "nothing"), ("data", "eagle3.store")):
+        (lib / pkg).mkdir(parents=True)
+        (lib / pkg / "__init__.py").write_text(
+            f'"""The {pkg} package, for the checker\'s own test.\n\nMay import: {rule}\n"""\n'
+        )
+    (lib / "__init__.py").write_text('"""A library.\n\n    config:  nothing\n"""\n')
+    (lib / "config.py").write_text("")
+    (lib / "store" / "paths.py").write_text("def f():\n    from eagle3.data.prepare import x\n")
+    (lib / "data" / "prepare.py").write_text("from eagle3.store.paths import f\nfrom eagle3.config import y\n")
+    found = forbidden_imports(lib)
+    assert found == ["eagle3/data/prepare.py:2 imports eagle3.config", "eagle3/store/paths.py:2 imports eagle3.data"]
+    assert rule_cycle({"eagle3.a": {"eagle3.b"}, "eagle3.b": {"eagle3.a"}}) == ["eagle3.a", "eagle3.b", "eagle3.a"]

@@ -10,7 +10,7 @@ from convert_fixtures import make_store
 
 from eagle3.config import PipelineConfig
 from eagle3.convert import INDEX_SCHEMA, convert, read_index
-from eagle3.sample_format import read_sample
+from eagle3.store.sample_format import read_sample
 
 SAMPLES = [([5, 6, 7], [0, 1, 1]), ([8] * 7, [1] * 7), ([1, 2], [0, 0]), ([3, 4, 5, 6], [0, 0, 1, 0]), ([9], [1])]
 

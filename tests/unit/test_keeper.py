@@ -1,5 +1,5 @@
-"""Owner-bound processes (eagle3/keeper.py), server records and orphan reaping (eagle3/server_record.py), and the
-port-taken error, with real processes (sleep, a listening Python) standing in for SGLang, which the integration
+"""Owner-bound processes (eagle3/serving/keeper.py), server records and orphan reaping (eagle3/serving/record.py),
+and the port-taken error, with real processes (sleep, a listening Python) standing in for SGLang, which the integration
 and e2e tests use (tests/integration/test_server_owner.py, tests/e2e/test_server_owner_flow.py)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import procs
 from eagle3.config import ServerConfig
-from eagle3.keeper import OwnedProcess
-from eagle3.server_record import ServerRecord, read_record, reap_orphan, write_record
-from eagle3.sglang_server import ServerError, SGLangServer
+from eagle3.serving import procs
+from eagle3.serving.keeper import OwnedProcess
+from eagle3.serving.record import ServerRecord, read_record, reap_orphan, write_record
+from eagle3.serving.server import ServerError, SGLangServer
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
@@ -33,7 +33,7 @@ _OWNER = textwrap.dedent(
     """
     import os, sys, threading, time
     sys.path.insert(0, sys.argv[1])
-    from eagle3.keeper import OwnedProcess
+    from eagle3.serving.keeper import OwnedProcess
     box = {}
     t = threading.Thread(target=lambda: box.update(p=OwnedProcess.launch(
         [sys.executable, "-c", sys.argv[2]], cwd="/", env=dict(os.environ), stdout=sys.stdout.fileno(), grace_s=30)))

@@ -1,4 +1,4 @@
-"""Shard leases (eagle3/lease.py): one live holder per shard, a killed holder's lease taken over, expiry on
+"""Shard leases (eagle3/store/lease.py): one live holder per shard, a killed holder's lease taken over, expiry on
 another host, and the exclusion between leases and the run directory's exclusive lock."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.lease import ShardLease, ShardLeaseLostError, lease_path
-from eagle3.lock import LOCK_NAME, RunLock, RunLockedError, live_leases, read_owner
+from eagle3.store.lease import ShardLease, ShardLeaseLostError, lease_path
+from eagle3.store.lock import LOCK_NAME, RunLock, RunLockedError, live_leases, read_owner
 
 REPO = Path(__file__).resolve().parents[2]
 
 _HOLDER = textwrap.dedent(
     """
     import sys, time
-    from eagle3.lease import ShardLease
-    from eagle3.lock import RunLock
+    from eagle3.store.lease import ShardLease
+    from eagle3.store.lock import RunLock
     if sys.argv[2] == "lock":
         RunLock(sys.argv[1], purpose="verify").acquire()
     else:

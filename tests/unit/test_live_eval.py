@@ -24,7 +24,7 @@ from eagle3.evaluate.live import (
     summarize,
     unsupported_reason,
 )
-from eagle3.sglang_server import ServerError
+from eagle3.serving.server import ServerError
 from tests.ports import free_port
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7]]

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from eagle3.lock import LOCK_NAME, RunLock, RunLockedError, RunLockLostError, lock_state, read_owner
+from eagle3.store.lock import LOCK_NAME, RunLock, RunLockedError, RunLockLostError, lock_state, read_owner
 
 REPO = Path(__file__).resolve().parents[2]
 
 _HOLDER = textwrap.dedent(
     """
     import sys, time
-    from eagle3.lock import RunLock
+    from eagle3.store.lock import RunLock
     lock = RunLock(sys.argv[1], purpose="extract", flow_run_id="fr-123").acquire()
     print("held", flush=True)
     time.sleep(120)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from tiny_store import ScriptedEngine, make_store
 
-from eagle3.engines.base import Outcome
-from eagle3.extract import extract_shard
-from eagle3.store import PreparedSample
+from eagle3.extract.engines.base import Outcome
+from eagle3.extract.shard import extract_shard
+from eagle3.store.run_store import PreparedSample
 
 
 class ReversedEngine(ScriptedEngine):

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENV_READERS = {"eagle3/cli.py", "eagle3/train/worker.py"}
 #: Module state that belongs to a process, not to tasks: the keeper process's signal handler notes the signal there
 #: (a handler has nowhere else to put it).
-PROCESS_STATE = {("eagle3/keeper.py", "_stop_signal")}
+PROCESS_STATE = {("eagle3/serving/keeper.py", "_stop_signal")}
 EMPTY_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "WeakValueDictionary", "WeakKeyDictionary"}
 
 

@@ -26,7 +26,7 @@ from eagle3.convert import (
     specforge_to_hf,
     vllm_to_hf,
 )
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 
 SAMPLES = [([5, 6, 7, 0], [0, 1, 1, 0]), ([8] * 7, [1] * 7), ([1, 2], [0, 1]), ([3, 4, 5], [0, 0, 1]), ([9], [1])]
 TARGET = TargetModel(model_path="/models/tiny", num_layers=NUM_LAYERS, vocab_size=64)

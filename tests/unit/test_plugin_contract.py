@@ -1,4 +1,4 @@
-"""What the pipeline and the plugin inside SGLang agree on is written once, in eagle3/dump_protocol.py: the SGLang
+"""What the pipeline and the plugin inside SGLang agree on is written once, in eagle3/store/dump_protocol.py: the SGLang
 release and the names of the server's environment variables (deploy/sglang_env.sh reads the release there)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from eagle3 import dump_protocol as proto
+from eagle3.store import dump_protocol as proto
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_NAME = re.compile(r"^EAGLE3_[A-Z_]*$")
@@ -25,7 +25,7 @@ def test_the_plugin_environment_names_are_spelled_only_in_dump_protocol() -> Non
         f"{p.relative_to(REPO)}: {s}"
         for package in ("eagle3", "server_patch", "tasks", "flows")
         for p in sorted((REPO / package).rglob("*.py"))
-        if p != REPO / "eagle3" / "dump_protocol.py"
+        if p != REPO / "eagle3" / "store" / "dump_protocol.py"
         for s in literals(p)
         if ENV_NAME.match(s)
     }
@@ -38,7 +38,7 @@ def test_the_sglang_release_is_pinned_once_and_the_env_script_reads_it() -> None
         f"{p.relative_to(REPO)}: {s}"
         for package in ("eagle3", "server_patch")
         for p in sorted((REPO / package).rglob("*.py"))
-        if p != REPO / "eagle3" / "dump_protocol.py"
+        if p != REPO / "eagle3" / "store" / "dump_protocol.py"
         for s in literals(p)
         if s in proto.SUPPORTED_SGLANG
     }

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import PipelineConfig
-from eagle3.prepare import PrepareError, prepare
+from eagle3.data.prepare import PrepareError, prepare
 from eagle3.progress import Progress
-from eagle3.store import RunStore
+from eagle3.store.run_store import RunStore
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 BAD_ROWS = ASSETS / "prepare_bad_rows.jsonl"

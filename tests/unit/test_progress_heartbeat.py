@@ -11,7 +11,7 @@ from uuid import UUID, uuid4
 
 import pytest
 
-import tasks.artifacts as art
+import tasks.progress as prog
 from eagle3.progress import Progress
 
 
@@ -31,8 +31,8 @@ class FakeApi:
 @pytest.fixture
 def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     fake = FakeApi()
-    monkeypatch.setattr(art, "create_progress_artifact", fake.create)
-    monkeypatch.setattr(art, "update_progress_artifact", fake.update)
+    monkeypatch.setattr(prog, "create_progress_artifact", fake.create)
+    monkeypatch.setattr(prog, "update_progress_artifact", fake.update)
     return fake
 
 
@@ -40,7 +40,7 @@ def test_a_silent_step_shows_it_is_working_from_the_start_and_then_every_beat(
     api: FakeApi, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
-    report = art.TaskProgress(logging.getLogger("t"), "convert", key="k", heartbeat_s=0.3)
+    report = prog.TaskProgress(logging.getLogger("t"), "convert", key="k", heartbeat_s=0.3)
     start = time.monotonic()
     with report:
         assert api.calls and api.calls[0][2] == "convert: started"  # at once, before any figure
@@ -60,7 +60,7 @@ def test_a_silent_step_shows_it_is_working_from_the_start_and_then_every_beat(
 
 
 def test_the_final_figure_is_the_steps_own(api: FakeApi) -> None:
-    report = art.TaskProgress(logging.getLogger("t"), "train", key="k", unit="steps", heartbeat_s=30)
+    report = prog.TaskProgress(logging.getLogger("t"), "train", key="k", unit="steps", heartbeat_s=30)
     with report:
         for step in range(1, 6):
             report(Progress("train", step, 5, 1000 * step, float(step)))

@@ -6,7 +6,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from eagle3.promote import EvalRecord, EvalSet, SetRecord, current_link, point, pointed, promote, read_evaluation
+from eagle3.release.promote import (
+    EvalRecord,
+    EvalSet,
+    SetRecord,
+    current_link,
+    point,
+    pointed,
+    promote,
+    read_evaluation,
+)
 
 SET = EvalSet(dataset_sha256="e" * 64, num_prompts=20, max_new_tokens=64, draft_steps=3, offline_dtype="float32")
 

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from eagle3.config import ConfigError, EvaluateConfig, PipelineConfig, SynthesizeConfig, load_config
-from eagle3.dedup import NearDuplicates, dedup, normalize, shingles
-from eagle3.generate_client import GenerationClient
-from eagle3.prompt_gen import eval_prompt_texts, load_grid, pick_cells, prompt_text
-from eagle3.row_sampler import RowSampler, uniforms
-from eagle3.sample_ids import sample_keys
-from eagle3.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, turn_prompt
-from eagle3.user_turns import clean_user_text, sample_seed
+from eagle3.data.dedup import NearDuplicates, dedup, normalize, shingles
+from eagle3.data.prompts import eval_prompt_texts, load_grid, pick_cells, prompt_text
+from eagle3.data.row_sampler import RowSampler, uniforms
+from eagle3.data.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, turn_prompt
+from eagle3.data.user_turns import clean_user_text, sample_seed
+from eagle3.serving.generation import GenerationClient
+from eagle3.store.sample_ids import sample_keys
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "data" / "prompt_grid.yaml"

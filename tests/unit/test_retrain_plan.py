@@ -8,8 +8,8 @@ from pathlib import Path
 
 from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import FILES
-from eagle3.retrain import archive_training, plan_training
-from eagle3.store import RunStore, SampleEntry, ShardManifest
+from eagle3.release.retrain import archive_training, plan_training
+from eagle3.store.run_store import RunStore, SampleEntry, ShardManifest
 from eagle3.train.trainer import TrainJob, write_job
 from tests.unit.tiny_store import make_store
 

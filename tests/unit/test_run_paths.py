@@ -16,12 +16,12 @@ from eagle3.draft.checkpoint import read_latest
 from eagle3.draft.data import DataError, load_vocab_map, read_layout
 from eagle3.evaluate.live import read_live_result
 from eagle3.evaluate.offline import read_offline_result
-from eagle3.export import read_export
-from eagle3.fsio import atomic_write_json
-from eagle3.promote import read_promotion
-from eagle3.run_paths import RunPaths
-from eagle3.sample_format import encode_sample
-from eagle3.store import RunStore
+from eagle3.release.export import read_export
+from eagle3.release.promote import read_promotion
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.paths import RunPaths
+from eagle3.store.run_store import RunStore
+from eagle3.store.sample_format import encode_sample
 
 REPO = Path(__file__).resolve().parents[2]
 #: file and directory names of the run directory -> the one module that spells them
@@ -32,7 +32,7 @@ RUN_PATHS_NAMES = (
     "prompts",
 )  # fmt: skip
 OWNERS = {
-    **dict.fromkeys(RUN_PATHS_NAMES, "eagle3/run_paths.py"),
+    **dict.fromkeys(RUN_PATHS_NAMES, "eagle3/store/paths.py"),
     "latest.json": "eagle3/draft/checkpoint.py",
     "step-": "eagle3/draft/checkpoint.py",
 }

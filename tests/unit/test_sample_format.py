@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from eagle3.sample_format import (
+from eagle3.store.sample_format import (
     FORMAT,
     SampleFormatError,
     check_header,

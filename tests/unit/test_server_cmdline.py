@@ -1,4 +1,4 @@
-"""The SGLang launch: command line and environment (eagle3/sglang_server.py), no server needed."""
+"""The SGLang launch: command line and environment (eagle3/serving/server.py), no server needed."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import dump_protocol as proto
 from eagle3.config import ServerConfig
-from eagle3.sglang_layers import sglang_layer_ids
-from eagle3.sglang_server import (
+from eagle3.serving.layers import sglang_layer_ids
+from eagle3.serving.server import (
     ServerError,
     SGLangServer,
     build_command,
@@ -17,6 +16,7 @@ from eagle3.sglang_server import (
     server_device,
     shell_line,
 )
+from eagle3.store import dump_protocol as proto
 
 LAYERS = sglang_layer_ids("llama", [2, 15, 27], 30)
 

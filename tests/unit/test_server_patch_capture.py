@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3 import dump_protocol as proto
-from eagle3.sample_format import read_sample
+from eagle3.store import dump_protocol as proto
+from eagle3.store.sample_format import read_sample
 from server_patch.capture import Broken, Complete, Segment, Stitcher, plan_batch
 from server_patch.writer import Chunk, DumpWriter, Job
 
@@ -105,7 +105,7 @@ def _fp8_request(tmp_path: Path, rid: str, t: int, store_dtype: str) -> None:
 
 
 def test_the_writer_stitches_chunks_quantized_by_the_hook_with_their_scales(tmp_path: Path) -> None:
-    from eagle3.sample_format import quantize_fp8
+    from eagle3.store.sample_format import quantize_fp8
 
     t, k, h = 6, 3, 4
     aux, last = torch.randn(t, k, h).to(torch.bfloat16), torch.randn(t, h).to(torch.bfloat16)
@@ -123,7 +123,7 @@ def test_the_writer_stitches_chunks_quantized_by_the_hook_with_their_scales(tmp_
 def test_the_writer_quantizes_on_the_cpu_when_the_hook_did_not_and_refuses_fp8_for_a_bf16_request(
     tmp_path: Path,
 ) -> None:
-    from eagle3.sample_format import quantize_fp8
+    from eagle3.store.sample_format import quantize_fp8
 
     t, k, h = 3, 3, 4
     aux, last = torch.randn(t, k * h).to(torch.bfloat16), torch.randn(t, h).to(torch.bfloat16)

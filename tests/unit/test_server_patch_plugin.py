@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import server_patch
-from eagle3 import dump_protocol as proto
+from eagle3.store import dump_protocol as proto
 
 
 def test_without_the_dump_dir_the_plugin_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""eagle3.server_specs: what each server of one extraction is (port, GPUs, dump and log directories, label), and the
+"""eagle3.serving.specs: what each server of one extraction is (port, GPUs, dump and log directories, label), and the
 config rules that keep several servers from colliding. Nothing is launched here."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from eagle3.config import PipelineConfig
-from eagle3.server_specs import server_specs
+from eagle3.serving.specs import server_specs
 
 
 def config(**server: object) -> PipelineConfig:
@@ -87,9 +87,9 @@ def _model_dir(tmp_path: Path) -> Path:
 def test_one_of_several_servers_gets_the_engine_the_one_builder_makes(tmp_path: Path) -> None:
     """build_server_engine is build_engine with the server's own device, dump and log directories: the store
     dtype reaches a transformers server too, and a launched sglang server of several owns its own files."""
-    from eagle3.engines.sglang_engine import SGLangEngine
-    from eagle3.engines.transformers_engine import TransformersEngine
-    from eagle3.server_specs import build_server_engine
+    from eagle3.extract.engines.sglang_engine import SGLangEngine
+    from eagle3.extract.engines.transformers_engine import TransformersEngine
+    from eagle3.extract.pool import build_server_engine
 
     model = _model_dir(tmp_path)
     cfg = PipelineConfig.model_validate({"run_dir": "/runs/r1", "server": {"engine": "transformers", "device": "cpu",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3.sglang_layers import LayerMappingError, internal_indices, sglang_layer_ids
+from eagle3.serving.layers import LayerMappingError, internal_indices, sglang_layer_ids
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "mistral", "gpt_oss"])

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import PipelineConfig
-from eagle3.prepare import PrepareError, prepare
-from eagle3.source_files import SourceError, file_sha256, list_source_files
-from eagle3.store import RunStore
+from eagle3.data.prepare import PrepareError, prepare
+from eagle3.data.source_files import SourceError, file_sha256, list_source_files
+from eagle3.store.run_store import RunStore
 
 
 def rows(*ids: int) -> str:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.fsio import atomic_write_bytes, remove_stale_temps, safe_name
-from eagle3.sample_format import encode_sample, write_sample
-from eagle3.store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest
+from eagle3.store.fsio import atomic_write_bytes, remove_stale_temps, safe_name
+from eagle3.store.run_store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest
+from eagle3.store.sample_format import encode_sample, write_sample
 
 T, K, H = 5, 3, 8
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ _KILLED_WRITER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from eagle3 import fsio
+    from eagle3.store import fsio
     def hang(fd):  # data is written but not yet renamed: the moment a kill hurts most
         print("writing", flush=True)
         time.sleep(60)

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.extract import extract_shard
-from eagle3.failed_shards import failed_shards, missing_samples, plan_retry, plan_retry_samples, shard_summaries
-from eagle3.lock import RunLock, RunLockedError
-from eagle3.sample_format import encode_sample, write_sample
-from eagle3.store import RunInfo, RunStore
-from eagle3.verify import QUARANTINE, VerifyError, verify_run
+from eagle3.extract.shard import extract_shard
+from eagle3.store.failed_shards import failed_shards, missing_samples, plan_retry, plan_retry_samples, shard_summaries
+from eagle3.store.lock import RunLock, RunLockedError
+from eagle3.store.run_store import RunInfo, RunStore
+from eagle3.store.sample_format import encode_sample, write_sample
+from eagle3.store.verify import QUARANTINE, VerifyError, verify_run
 from tests.unit.tiny_store import ScriptedEngine, hidden, make_store
 
 LENGTHS = [[6, 9, 12, 7], [5, 8]]

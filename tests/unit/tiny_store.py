@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import torch
 
-from eagle3.engines.base import Captured, EngineInfo, Failed, Outcome
-from eagle3.store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from eagle3.extract.engines.base import Captured, EngineInfo, Failed, Outcome
+from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
 
 AUX = [1, 2, 3]
 

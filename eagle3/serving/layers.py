@@ -1,0 +1,126 @@
+"""HF hidden_states indices -> the ids SGLang 0.5.23 takes in `--return-aux-hidden-state-layer-ids`.
+
+Inside SGLang, `model.layers_to_capture = [i, ...]` captures the residual stream entering decoder layer
+i, which is HF `hidden_states[i]` (checked numerically on SmolLM2, tests/integration/test_sglang_parity.py).
+What differs per model family is how `set_eagle3_layers_to_capture(ids)` turns the configured ids into
+those internal indices (read in sglang/srt/models/*.py, 0.5.23):
+
+  plus_one        llama, mistral, qwen2, qwen3, qwen3_moe, ...:  internal = id + 1
+                  ("id x" = output of layer x), so id = HF index - 1.
+  first_id_is_1   deepseek_v2/v3, kimi_k2 (DeepseekV3), kimi_k25 (wraps it): internal = id + 1 when
+                  the first id is 1, else id as-is; we pass the HF indices as-is, which needs the first
+                  index != 1 (HF index 1 cannot be expressed).
+  gpt_oss         internal = id as-is when max(id) == N, else id + 1. Capture-only mode also rejects
+                  ids >= N, so we always take the +1 branch: id = HF index - 1.
+
+Capture-only mode validates ids < N, and the hooks capture a layer's input, so HF index N (the last
+layer's output) is out of reach for every family: the final state comes from `last_hidden_state`.
+An unknown family is an error that says how to proceed, never a guess (STYLE.md: no behaviour from names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3.config import ExtractConfig
+from eagle3.model_files import read_model_facts
+from eagle3.serving.aux_layers import resolve_aux_layers
+
+PLUS_ONE = "plus_one"
+FIRST_ID_IS_1 = "first_id_is_1"
+GPT_OSS = "gpt_oss"
+
+#: config.json model_type -> how SGLang 0.5.23's set_eagle3_layers_to_capture reads its ids.
+FAMILIES: dict[str, str] = {
+    "llama": PLUS_ONE,
+    "mistral": PLUS_ONE,
+    "qwen2": PLUS_ONE,
+    "qwen3": PLUS_ONE,
+    "qwen3_moe": PLUS_ONE,
+    "glm4_moe": PLUS_ONE,
+    "minimax_m2": PLUS_ONE,
+    "deepseek_v2": FIRST_ID_IS_1,
+    "deepseek_v3": FIRST_ID_IS_1,
+    "kimi_k2": FIRST_ID_IS_1,
+    "kimi_k25": FIRST_ID_IS_1,
+    "gpt_oss": GPT_OSS,
+}
+
+
+class LayerMappingError(ValueError):
+    """The configured HF layers cannot be captured by SGLang for this model; the message says why."""
+
+
+@dataclass(frozen=True)
+class SGLangLayers:
+    aux_layers: list[int]  # HF hidden_states indices (what the store records)
+    layer_ids: list[int]  # --return-aux-hidden-state-layer-ids
+    convention: str  # recorded in run.json as engine_layer_convention
+
+    def cli_args(self) -> list[str]:
+        return ["--return-aux-hidden-state-layer-ids", *map(str, self.layer_ids)]
+
+
+def extraction_layers(model_dir: Path, extract: ExtractConfig) -> SGLangLayers:
+    """The SGLang ids an extraction of the model in `model_dir` passes: `extract.aux_layers` (default EAGLE-3's)
+    through the family's rule, or `extract.sglang_layer_ids` where set. The one place a server, engine or check
+    derives them from a config; a finished store's are in its run.json (`engine_layer_ids`)."""
+    facts = read_model_facts(Path(model_dir))
+    aux = resolve_aux_layers(extract.aux_layers, facts.num_layers)
+    return sglang_layer_ids(facts.model_type, aux, facts.num_layers, extract.sglang_layer_ids)
+
+
+def sglang_layer_ids(
+    model_type: str, aux_layers: list[int], num_layers: int, override: list[int] | None = None
+) -> SGLangLayers:
+    """The SGLang ids that make SGLang capture exactly `aux_layers` (HF indices, strictly increasing).
+
+    `override` (extract.sglang_layer_ids) is taken as given for a family without a rule; the hook still
+    refuses to dump unless SGLang's resolved layers_to_capture equal `aux_layers`."""
+    family = FAMILIES.get(model_type)
+    if override is not None:
+        if len(override) != len(aux_layers):
+            raise LayerMappingError(
+                f"extract.sglang_layer_ids {override} must name as many layers as extract.aux_layers {aux_layers}"
+            )
+        return SGLangLayers(
+            list(aux_layers), list(override), f"sglang {model_type}: ids set by extract.sglang_layer_ids"
+        )
+    if family is None:
+        raise LayerMappingError(
+            f"model_type {model_type!r}: no SGLang layer-id rule is known for this family (known: "
+            f"{', '.join(sorted(FAMILIES))}). Read its set_eagle3_layers_to_capture in sglang/srt/models/ and set "
+            "extract.sglang_layer_ids (the hook checks the result against extract.aux_layers at start-up), "
+            "or add the family to eagle3/serving/layers.py FAMILIES."
+        )
+    bad = [i for i in aux_layers if not 1 <= i < num_layers]
+    if bad:
+        raise LayerMappingError(
+            f"extract.aux_layers {aux_layers}: {bad} cannot be captured by SGLang for a {num_layers}-layer model "
+            f"(it captures layer inputs, HF indices 1..{num_layers - 1}; the final state is last_hidden_state)"
+        )
+    if family == FIRST_ID_IS_1:
+        if aux_layers[0] == 1:
+            raise LayerMappingError(
+                f"extract.aux_layers {aux_layers}: SGLang's {model_type} rule adds 1 to every id when the first "
+                "is 1, so HF index 1 cannot be requested; start from index 2 or higher"
+            )
+        ids = list(aux_layers)
+        convention = f"sglang {model_type}: internal = id (+1 only when the first id is 1); internal i = HF index i"
+    else:
+        ids = [i - 1 for i in aux_layers]
+        convention = f"sglang {model_type}: internal = id + 1 (id x = output of layer x); internal i = HF index i"
+    return SGLangLayers(aux_layers=list(aux_layers), layer_ids=ids, convention=convention)
+
+
+def internal_indices(model_type: str, layer_ids: list[int], num_layers: int) -> list[int]:
+    """What SGLang 0.5.23 does with `layer_ids` (the inverse, for tests and doctor)."""
+    family = FAMILIES.get(model_type)
+    if family == FIRST_ID_IS_1:
+        return [i + 1 for i in layer_ids] if layer_ids and layer_ids[0] == 1 else list(layer_ids)
+    if family == GPT_OSS and layer_ids and max(layer_ids) == num_layers:
+        return list(layer_ids)
+    if family is None:
+        raise LayerMappingError(f"model_type {model_type!r}: unknown SGLang family")
+    return [i + 1 for i in layer_ids]

@@ -1,0 +1,205 @@
+"""Progress with an ETA as Prefect artifacts: one per task (updated in place) and one per stage of a run,
+with the same line in the task's log. Artifact writes are API calls: progress is throttled to one write every
+`min_interval_s` (2 s), and a failed write is logged once and never fails the task that reports.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, cast
+from uuid import UUID
+
+from prefect.artifacts import (
+    create_progress_artifact,
+    update_progress_artifact,
+)
+from pydantic import BaseModel
+
+from eagle3.progress import Progress
+from tasks.artifacts import run_key
+
+BAR_WIDTH = 24
+HEARTBEAT_S = 20.0  # a step silent this long still shows it is working (at least every 30 s, docs/gpu-node.md)
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = max(0, round(seconds))
+    if seconds < 120:
+        return f"{seconds}s"
+    minutes, s = divmod(seconds, 60)
+    if minutes < 120:
+        return f"{minutes}m{s:02d}s"
+    h, m = divmod(minutes, 60)
+    return f"{h}h{m:02d}m"
+
+
+def describe(done: int, total: int, unit: str, tokens_per_s: float, eta_s: float | None, extra: str = "") -> str:
+    """The one-line progress text: `N/M samples, X tok/s, ETA Ys`."""
+    text = f"{done}/{total} {unit}, {tokens_per_s:.0f} tok/s, ETA {format_eta(eta_s)}"
+    return f"{text}, {extra}" if extra else text
+
+
+def text_bar(fraction: float) -> str:
+    filled = min(BAR_WIDTH, max(0, round(fraction * BAR_WIDTH)))
+    return "[" + "#" * filled + "-" * (BAR_WIDTH - filled) + f"] {100 * fraction:5.1f}%"
+
+
+class ProgressArtifact:
+    """One Prefect progress artifact (0-100), created on first use and then updated in place."""
+
+    def __init__(
+        self,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        *,
+        key: str | None = None,
+        artifact_id: UUID | str | None = None,
+        min_interval_s: float = 2.0,
+    ):
+        self.logger = logger
+        self.key = key
+        self.artifact_id: UUID | None = UUID(str(artifact_id)) if artifact_id else None
+        self.min_interval_s = min_interval_s
+        self._last = float("-inf")
+        self._broken = False
+
+    def create(self, percent: float, description: str) -> UUID | None:
+        """Create the artifact now (if not yet created) and return its id."""
+        if self.artifact_id is None:
+            self._write(percent, description)
+        return self.artifact_id
+
+    def update(self, percent: float, description: str, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        self._write(percent, description)
+
+    def _write(self, percent: float, description: str) -> None:
+        if self._broken:
+            return
+        percent = min(100.0, max(0.0, percent))
+        try:
+            if self.artifact_id is None:
+                self.artifact_id = cast(UUID, create_progress_artifact(percent, key=self.key, description=description))
+            else:
+                update_progress_artifact(self.artifact_id, percent, description=description)
+        except Exception as e:  # progress is a view; the work must go on without it
+            self._broken = True
+            self.logger.warning("progress artifact %s: write failed (%s); no further updates", self.key, e)
+
+
+class RunProgressRef(BaseModel):
+    """Where a shard task reports its share of a run-level progress artifact (small, serialisable)."""
+
+    artifact_id: str
+    total: int  # samples over all shards of this flow run
+
+
+class TaskProgress:
+    """A ProgressFn for a task: feeds the task's progress artifact and writes a log line with a text bar every
+    `log_every_s` (the terminal's progress bar: Prefect prints run logs to the console, and the same lines show in
+    the UI).
+
+    Used as a context manager around the library call, it also creates the artifact at once and keeps the
+    step visibly alive: when the library reports nothing for `heartbeat_s` (loading a model, a first compiled
+    step, one long sample), a background thread writes the last figures with the time since the start, to the
+    artifact and the log, so every long step shows progress within its first minute and then at least every
+    `heartbeat_s`."""
+
+    def __init__(
+        self,
+        logger: logging.Logger | logging.LoggerAdapter[Any],
+        label: str,
+        *,
+        key: str | None = None,
+        unit: str = "samples",
+        min_interval_s: float = 2.0,
+        log_every_s: float = 10.0,
+        heartbeat_s: float = HEARTBEAT_S,
+    ):
+        self.logger = logger
+        self.label = label
+        self.unit = unit
+        self.own = ProgressArtifact(logger, key=key, min_interval_s=min_interval_s)
+        self.log_every_s = log_every_s
+        self._last_log = time.monotonic()
+        self._final_logged: tuple[int, int, int] | None = None
+        self._stage: str | None = None
+        self.last: Progress | None = None
+        self.heartbeat_s = heartbeat_s
+        self._started = self._last_report = time.monotonic()
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Create the artifact now, at 0%: the step started."""
+        self.own.create(0.0, f"{self.label}: started")
+
+    def __enter__(self) -> TaskProgress:
+        self.start()
+        # The beat runs in the task's context (settings, run logger), copied into its thread.
+        context = contextvars.copy_context()
+        self._beat = threading.Thread(target=context.run, args=(self._heartbeat,), daemon=True, name="progress-beat")
+        self._beat.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join(timeout=10)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(min(self.heartbeat_s, 1.0)):
+            if time.monotonic() - self._last_report >= self.heartbeat_s:
+                self.still_working()
+
+    def still_working(self) -> None:
+        """The last figures (or `started`) with the time since the start: the step is alive, not stuck."""
+        now = time.monotonic()
+        self._last_report = now
+        p = self.last
+        figures = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s) if p else "no figures yet"
+        text = f"{figures}; working for {format_eta(now - self._started)}"
+        self.own.update(100 * p.fraction if p else 0.0, text, force=True)
+        self.logger.info("%s %s %s", self.label, text_bar(p.fraction if p else 0.0), text)
+
+    def __call__(self, p: Progress) -> None:
+        self._last_report = time.monotonic()
+        self.last = p
+        self._stage = self._stage or p.stage
+        final = p.total > 0 and p.done >= p.total
+        extra = ", ".join(f"{n} {k}" for k, n in (("skipped", p.skipped), ("failed", p.failed)) if n)
+        if p.stage != self._stage:  # a second phase of the same call (e.g. synthesize, then tokenize)
+            extra = ", ".join(x for x in (p.stage, extra) if x)
+        self.own.update(
+            100 * p.fraction, describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra), force=final
+        )
+        now = time.monotonic()
+        if final and (p.done, p.skipped, p.failed) == self._final_logged:
+            return  # the library reports its end twice (last add + finish): log it once
+        if final or now - self._last_log >= self.log_every_s:
+            if final:
+                self._final_logged = (p.done, p.skipped, p.failed)
+            self._last_log = now
+            text = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra)
+            self.logger.info("%s %s %s", self.label, text_bar(p.fraction), text)
+
+
+def create_run_progress(run_dir: str | Path, stage: str, total: int) -> RunProgressRef:
+    """The run-level progress artifact of a stage (keyed per run directory), at 0%."""
+    artifact_id = create_progress_artifact(
+        0.0, key=run_key(run_dir, f"{stage}-progress"), description=describe(0, total, "samples", 0.0, None)
+    )
+    return RunProgressRef(artifact_id=str(artifact_id), total=total)
+
+
+def finish_run_progress(ref: RunProgressRef, done: int, description: str) -> None:
+    percent = 100.0 * done / ref.total if ref.total else 100.0
+    update_progress_artifact(UUID(ref.artifact_id), percent, description=description)

@@ -1,0 +1,118 @@
+"""The run's summary (`run_summary_task`, the pipeline's last step): what each stage made and where, with
+links to the stage artifacts in the UI.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from eagle3.config import PipelineConfig
+from eagle3.convert.stage import read_convert_result
+from eagle3.draft.checkpoint import read_latest
+from eagle3.evaluate.live import read_live_result
+from eagle3.evaluate.offline import read_offline_result
+from eagle3.release.export import read_export
+from eagle3.release.promote import read_promotion
+from eagle3.store.failed_shards import shard_summaries
+from eagle3.store.run_store import RunStore
+from tasks.artifacts import STAGE_ARTIFACTS, markdown_artifact, run_key, ui_link
+
+
+def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str]]:
+    """(what, where/how much) rows of the run summary, from the store's own files."""
+    root = store.root.resolve()
+    rows = [("store", f"`{root}` (inspect: `eagle3 status {root}`)")]
+    info = store.read_run_info()
+    if info is not None:
+        rows.append(
+            ("model", f"`{info.model_path}`, {info.engine} {info.engine_version}, aux layers {info.aux_layers}")
+        )
+    prepared = store.read_prepared_manifest()
+    if prepared is not None:
+        rows.append(
+            (
+                "prepared",
+                f"{prepared.num_samples} samples, {prepared.num_tokens} tokens in {len(prepared.shards)} shards "
+                f"({len(prepared.bad_rows)} bad rows skipped)",
+            )
+        )
+    shards = shard_summaries(store) if info is not None else []
+    if shards:
+        done = sum(s.done for s in shards)
+        expected = sum(s.expected for s in shards)
+        complete = sum(s.status == "complete" for s in shards)
+        not_complete = [s.shard for s in shards if s.status != "complete"]
+        rows.append(
+            (
+                "hidden states",
+                f"{done}/{expected} samples, {complete}/{len(shards)} shards complete"
+                + (f"; not complete: {not_complete}" if not_complete else ""),
+            )
+        )
+    c = read_convert_result(store)
+    if c is not None:
+        rows.append(
+            (
+                "convert",
+                f"draft vocabulary `{c.vocab_map_path}` ({c.draft_vocab_size} ids, coverage {c.coverage:.3f}), "
+                f"index `{c.index_path}`",
+            )
+        )
+    return rows + draft_rows(RunStore(root))
+
+
+def draft_rows(store: RunStore) -> list[tuple[str, str]]:
+    """Training, export, promotion and evaluation rows, from train/, draft/ and eval/*.json."""
+    rows = []
+    latest = read_latest(store.train.checkpoints_dir)
+    if latest is not None:
+        rows.append(("training", f"checkpoint `{latest[1]}` (step {latest[0]})"))
+    e = read_export(store.draft_latest)
+    if e is not None:
+        rows.append(("draft", f"`{e.out_dir}` from step {e.checkpoint_step}"))
+    d = read_promotion(store.root)
+    if d is not None:
+        rows.append(("promotion", f"**{'promoted' if d.promoted else 'kept'}**: {d.reason}; serve "
+                                  f"`{store.draft_current}` (-> `{d.current}`)"))  # fmt: skip
+    o = read_offline_result(store.root)
+    if o is not None:
+        per_set = "; ".join(
+            f"{r.set_name} ({r.set_kind}, {r.num_prompts} prompts) k={r.steps}: {r.acceptance_length:.3f}"
+            for r in o.runs or [o]
+        )
+        rows.append(
+            (
+                "acceptance (offline)",
+                f"tokens per verify round: {per_set}; {o.label} speed-up {o.speedup:.2f}x",
+            )
+        )
+    lv = read_live_result(store.root)
+    if lv is not None:
+        rows.append(("speed (live SGLang)", f"**{lv.summary}**" if lv.flag else lv.summary))
+    return rows
+
+
+def summary_markdown(config: PipelineConfig, store: RunStore) -> str:
+    lines = [
+        f"# Run `{store.root.resolve()}`",
+        "",
+        f"Stages of this flow run: {', '.join(config.stages)}",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {what} | {text} |" for what, text in summary_rows(config, store)),
+        "",
+        "Artifacts (history across runs of this run directory): "
+        + ", ".join(ui_link(run_key(config.run_dir, k)) for s in config.stages for k in STAGE_ARTIFACTS.get(s, [])),
+    ]
+    return "\n".join(lines)
+
+
+@task(name="run-summary", retries=1, retry_delay_seconds=2, timeout_seconds=120, cache_policy=NO_CACHE)
+def run_summary_task(config: PipelineConfig) -> str:
+    """The run's last artifact (`<run>-run-summary`): the store, what each stage left there and where the
+    draft and the evaluation are; links to the stage artifacts in the UI. Returns the artifact key."""
+    key = run_key(config.run_dir, "run-summary")
+    markdown_artifact(key, summary_markdown(config, RunStore(config.run_dir)), f"Run summary of {config.run_dir}")
+    return key
