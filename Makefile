@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_API_URL ?= http://127.0.0.1:$(or $(PREFECT_SERVER_PORT),4200)/api
 
-.PHONY: venv sglang-env demo test lint serve stop serve-prefect stop-prefect clean
+.PHONY: venv sglang-env demo test test-unit lint serve stop serve-prefect stop-prefect clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,10 @@ lint: venv
 
 test: venv lint sglang-env
 	bash deploy/run_tests.sh
+
+# The unit tier alone (no server, no SGLang, no browser), on both cores: about a minute (docs/testing.md).
+test-unit: venv
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests/unit
 
 # The node for the UI: server + work pool, `gpu` limit, deployments, automations + a worker (deploy/serve.sh).
 serve: venv

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.timing"]  # time per directory and marker, and the budget (docs/testing.md)
+
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
 SESSION_ENV = "PYTEST_PROJECT_SESSIONS"  # not EAGLE3_*: the SGLang launch drops those from the server's environment
