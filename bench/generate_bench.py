@@ -1,0 +1,129 @@
+"""In-process generation (synthesize and the prompts stage, transformers engine): tokens per second against the
+memory-bandwidth limit, per implementation and batch size.
+
+    python3 bench/generate_bench.py --model DIR [--random-weights] [--batch 256 1024] [--max-new-tokens 256]
+                                    [--impl today static] [--sampled] [--device cuda] [--bandwidth-tbs 4.8]
+
+`--random-weights`: the model built from DIR's config.json with seeded random weights (the same shapes and so the
+same speed as the trained weights; no answer stops early, so every row generates --max-new-tokens). The prompts are
+the demo prompts in the chat template, repeated to fill a batch. Implementations: `today` is
+eagle3.data.synthesize.generate_batch as the stage calls it (a progress callback every decode step);
+`today-nosync` the same without the callback; `static` transformers' static KV cache
+(cache_implementation="static", which transformers compiles on CUDA). tok/s = generated tokens / wall seconds of
+the call, after a short warm-up call (static: one of the same shape, which compiles). The limit: bytes read per
+decode step (weights + the KV cache at the batch's mean context) over --bandwidth-tbs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from eagle3.config import SynthesizeConfig
+from eagle3.data.chat import ChatTokenizer
+from eagle3.data.synthesize import generate_batch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(model_dir: Path, random_weights: bool, device: str) -> Any:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not random_weights:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(model_dir)
+    with torch.device(device):
+        return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+
+
+def prompts_of(chat: ChatTokenizer, n: int) -> list[str]:
+    rows = [json.loads(line) for line in (REPO / "data" / "demo_prompts.jsonl").read_text().splitlines()]
+    texts = []
+    for row in rows:
+        users = [m for m in row["messages"] if m["role"] == "user"][:1]
+        texts.append(chat.render(users, add_generation_prompt=True))
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+def limit_tok_s(model: Any, batch: int, mean_context: float, bandwidth_tbs: float) -> float:
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_bytes_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * 2  # bf16 K and V
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    step_bytes = weight_bytes + batch * mean_context * kv_bytes_per_token
+    return batch / (step_bytes / (bandwidth_tbs * 1e12))
+
+
+def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: SynthesizeConfig, sampled: bool) -> int:
+    sampling = [(scfg.temperature if sampled else 0.0, i) for i in range(len(prompts))]
+    counted = [0]
+
+    def on_step(n: int) -> None:
+        counted[0] += n
+
+    original = model.generate
+    if impl == "static":
+        model.generate = functools.partial(original, cache_implementation="static")
+    try:
+        turns = generate_batch(model, chat, prompts, scfg, on_step if impl == "today" else None, sampling)
+    finally:
+        model.generate = original
+    return sum(t.tokens for t in turns)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, required=True)
+    ap.add_argument("--random-weights", action="store_true")
+    ap.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--impl", nargs="+", default=["today", "today-nosync", "static"])
+    ap.add_argument("--sampled", action="store_true", help="every row sampled (temperature 0.8), else greedy")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="H200 HBM3e: 4.8 TB/s")
+    args = ap.parse_args()
+
+    model = load(args.model, args.random_weights, args.device)
+    chat = ChatTokenizer.from_model_dir(args.model)
+    scfg = SynthesizeConfig(max_new_tokens=args.max_new_tokens, temperature=0.8, batch_size=max(args.batch))
+    print("| impl | batch | generated tokens | seconds | tok/s | limit tok/s | of limit |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for batch in args.batch:
+        prompts = prompts_of(chat, batch)
+        prompt_len = sum(len(chat.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts) / batch
+        for impl in args.impl:
+            run(
+                impl,
+                model,
+                chat,
+                prompts[: min(batch, 64)],
+                scfg.model_copy(update={"max_new_tokens": 16}),
+                args.sampled,
+            )
+            if impl == "static":  # compiled for the cache's shape: warm up on this one
+                run(impl, model, chat, prompts, scfg, args.sampled)
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            tokens = run(impl, model, chat, prompts, scfg, args.sampled)
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - start
+            mean_context = prompt_len + tokens / batch / 2
+            limit = limit_tok_s(model, batch, mean_context, args.bandwidth_tbs)
+            print(f"| {impl} | {batch} | {tokens:,} | {seconds:.2f} | {tokens / seconds:,.0f} | {limit:,.0f} | "
+                  f"{tokens / seconds / limit:.3f} |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
