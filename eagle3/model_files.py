@@ -7,6 +7,7 @@ directory in bf16 under <data_dir>/models/ and reuse it; `install.json` records 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -119,18 +120,34 @@ def _gguf_source() -> Path:
     return path
 
 
-def ensure_demo_model(data_dir: Path) -> Path:
-    """Install the demo model once (about 25 s on 2 cores) and return its directory."""
-    target = demo_model_dir(data_dir)
+def _installed(target: Path) -> bool:
     stamp = target / "install.json"
-    if stamp.is_file():
-        rec = json.loads(stamp.read_text())
-        if (
-            rec.get("gguf_sha256") == DEMO_GGUF_SHA256
-            and rec.get("install_version") == DEMO_INSTALL_VERSION
-            and rec.get("model_sha256") == model_fingerprint(target)
-        ):
-            return target
+    if not stamp.is_file():
+        return False
+    rec = json.loads(stamp.read_text())
+    return bool(
+        rec.get("gguf_sha256") == DEMO_GGUF_SHA256
+        and rec.get("install_version") == DEMO_INSTALL_VERSION
+        and rec.get("model_sha256") == model_fingerprint(target)
+    )
+
+
+def ensure_demo_model(data_dir: Path) -> Path:
+    """Install the demo model once (about 25 s on 2 cores) and return its directory. Concurrent callers (test
+    workers, two runs) wait on one lock file: one installs, the others find it installed; the directory appears
+    under its name complete, with its install.json, or not at all."""
+    target = demo_model_dir(data_dir)
+    if _installed(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{DEMO_NAME}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not _installed(target):
+            _install_demo_model(target)
+    return target
+
+
+def _install_demo_model(target: Path) -> None:
     src = _gguf_source()
     got = sha256_file(src)
     if got != DEMO_GGUF_SHA256:
@@ -148,26 +165,22 @@ def ensure_demo_model(data_dir: Path) -> Path:
     model.config.dtype = torch.bfloat16
     if hasattr(model.config, "quantization_config"):  # left by the GGUF loader; the copy is plain bf16
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{DEMO_NAME}."))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        record = {
+            "gguf_sha256": DEMO_GGUF_SHA256,
+            "install_version": DEMO_INSTALL_VERSION,
+            "model_sha256": model_fingerprint(tmp),
+        }
+        atomic_write_json(tmp / "install.json", record)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
         fsync_dir(target.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    atomic_write_json(
-        stamp,
-        {
-            "gguf_sha256": DEMO_GGUF_SHA256,
-            "install_version": DEMO_INSTALL_VERSION,
-            "model_sha256": model_fingerprint(target),
-        },
-    )
-    return target
 
 
 def resolve_model(model: str, data_dir: Path) -> Path:
