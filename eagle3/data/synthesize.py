@@ -262,6 +262,11 @@ def load_model(model_dir: Path, server: ServerConfig) -> Any:
     return model.eval()
 
 
+#: Decode steps between two progress reports of generate_batch: each report reads a count off the device, and a
+#: read every step serialized the host with the GPU (3x slower on an H200, docs/performance.md "In-process generation").
+PROGRESS_EVERY_STEPS = 16
+
+
 def generate_batch(
     model: Any,
     chat: ChatTokenizer,
@@ -269,10 +274,13 @@ def generate_batch(
     scfg: SynthesizeConfig,
     on_step: Callable[[int], None] | None = None,
     sampling: Sequence[tuple[float, int]] | None = None,
+    static_cache: bool | None = None,
 ) -> list[Turn]:
-    """Left-padded batched generation; one Turn per prompt. `on_step(tokens)` after every decode step.
-    `sampling`: per prompt (temperature, seed): each row draws from its own generator (eagle3/data/row_sampler.py),
-    so a sample's tokens do not depend on its batch; None: synthesize.temperature for all, torch's global RNG."""
+    """Left-padded batched generation; one Turn per prompt. `on_step(tokens)`: the tokens generated since the last
+    call, every PROGRESS_EVERY_STEPS decode steps and at the end. `sampling`: per prompt (temperature, seed): each
+    row draws from its own generator (eagle3/data/row_sampler.py), so a sample's tokens do not depend on its batch;
+    None: synthesize.temperature for all, torch's global RNG. `static_cache` (default: on a GPU): transformers'
+    static KV cache, which it compiles on CUDA (same tokens, tests/integration/test_synthesize.py)."""
     import torch
     from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -290,17 +298,29 @@ def generate_batch(
 
         processors.append(RowSampler(sampling, scfg.top_p, model.device))
     stop_set = torch.tensor(stops, device=model.device)
+    if static_cache is None:
+        static_cache = model.device.type == "cuda"
 
-    class _Steps(StoppingCriteria):  # never stops anything: counts the tokens of each decode step
+    class _Steps(StoppingCriteria):  # never stops anything: counts the tokens of the rows still running
         def __init__(self) -> None:
             self.running = torch.ones(len(prompts), dtype=torch.bool, device=model.device)
+            self.tokens = torch.zeros((), dtype=torch.long, device=model.device)  # since the last report
+            self.steps = 0
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-            if on_step is not None:
-                on_step(int(self.running.sum()))
+            self.tokens += self.running.sum()  # on the device: no host sync
             self.running &= ~torch.isin(input_ids[:, -1], stop_set)
+            self.steps += 1
+            if self.steps % PROGRESS_EVERY_STEPS == 0:
+                self.report()
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
+        def report(self) -> None:
+            if on_step is not None:
+                on_step(int(self.tokens))
+            self.tokens.zero_()
+
+    steps = _Steps()
     with torch.inference_mode():
         out = model.generate(
             **enc,
@@ -311,9 +331,11 @@ def generate_batch(
             top_k=None,
             eos_token_id=stops,
             pad_token_id=pad,
-            stopping_criteria=StoppingCriteriaList([_Steps()]),
+            stopping_criteria=StoppingCriteriaList([steps]),
             logits_processor=processors,
+            cache_implementation="static" if static_cache else None,
         )
+    steps.report()
     new = out[:, enc["input_ids"].shape[1] :].tolist()  # [B, <= max_new_tokens]
     return [turn_of(chat, ids, stops) for ids in new]
 
