@@ -2,22 +2,22 @@
 memory-bandwidth limit, per implementation and batch size.
 
     python3 bench/generate_bench.py --model DIR [--random-weights] [--batch 256 1024] [--max-new-tokens 256]
-                                    [--impl today static] [--sampled] [--device cuda] [--bandwidth-tbs 4.8]
+                                    [--impl before dynamic static] [--check 64] [--sampled] [--device cuda]
 
 `--random-weights`: the model built from DIR's config.json with seeded random weights (the same shapes and so the
 same speed as the trained weights; no answer stops early, so every row generates --max-new-tokens). The prompts are
-the demo prompts in the chat template, repeated to fill a batch. Implementations: `today` is
-eagle3.data.synthesize.generate_batch as the stage calls it (a progress callback every decode step);
-`today-nosync` the same without the callback; `static` transformers' static KV cache
-(cache_implementation="static", which transformers compiles on CUDA). tok/s = generated tokens / wall seconds of
-the call, after a short warm-up call (static: one of the same shape, which compiles). The limit: bytes read per
-decode step (weights + the KV cache at the batch's mean context) over --bandwidth-tbs.
+the demo prompts in the chat template, repeated to fill a batch. Implementations (of
+eagle3.data.synthesize.generate_batch): `before` reads its progress count off the device every decode step, with
+the dynamic cache (the code before this bench); `dynamic` every 16 steps; `static` also uses transformers' static
+KV cache, which it compiles on CUDA (the default on a GPU). `--check N`: of the first N prompts, greedy, how many
+rows `static` answers with exactly `before`'s tokens. tok/s = generated tokens / wall seconds of the call, after a
+short warm-up call (static: one of the same shape, which compiles). The limit: bytes read per decode step (weights
++ the KV cache at the batch's mean context) over --bandwidth-tbs (H200: 4.8 TB/s).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from eagle3.config import SynthesizeConfig
+from eagle3.data import synthesize
 from eagle3.data.chat import ChatTokenizer
 from eagle3.data.synthesize import generate_batch
 
@@ -64,21 +65,17 @@ def limit_tok_s(model: Any, batch: int, mean_context: float, bandwidth_tbs: floa
     return batch / (step_bytes / (bandwidth_tbs * 1e12))
 
 
-def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: SynthesizeConfig, sampled: bool) -> int:
+def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: SynthesizeConfig, sampled: bool) -> Any:
+    """`before`: this code before the change (a progress read every decode step, dynamic cache); `dynamic`: progress
+    every PROGRESS_EVERY_STEPS steps; `static`: that and the static cache (the default on a GPU)."""
     sampling = [(scfg.temperature if sampled else 0.0, i) for i in range(len(prompts))]
     counted = [0]
-
-    def on_step(n: int) -> None:
-        counted[0] += n
-
-    original = model.generate
-    if impl == "static":
-        model.generate = functools.partial(original, cache_implementation="static")
+    every = synthesize.PROGRESS_EVERY_STEPS
+    synthesize.PROGRESS_EVERY_STEPS = 1 if impl == "before" else every
     try:
-        turns = generate_batch(model, chat, prompts, scfg, on_step if impl == "today" else None, sampling)
+        return generate_batch(model, chat, prompts, scfg, counted.append, sampling, static_cache=impl == "static")
     finally:
-        model.generate = original
-    return sum(t.tokens for t in turns)
+        synthesize.PROGRESS_EVERY_STEPS = every
 
 
 def main() -> None:
@@ -87,7 +84,8 @@ def main() -> None:
     ap.add_argument("--random-weights", action="store_true")
     ap.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--impl", nargs="+", default=["today", "today-nosync", "static"])
+    ap.add_argument("--impl", nargs="+", default=["before", "dynamic", "static"])
+    ap.add_argument("--check", type=int, default=64, help="rows compared, static vs before, greedy (0: none)")
     ap.add_argument("--sampled", action="store_true", help="every row sampled (temperature 0.8), else greedy")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="H200 HBM3e: 4.8 TB/s")
@@ -115,7 +113,7 @@ def main() -> None:
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            tokens = run(impl, model, chat, prompts, scfg, args.sampled)
+            tokens = sum(t.tokens for t in run(impl, model, chat, prompts, scfg, args.sampled))
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
@@ -123,6 +121,14 @@ def main() -> None:
             limit = limit_tok_s(model, batch, mean_context, args.bandwidth_tbs)
             print(f"| {impl} | {batch} | {tokens:,} | {seconds:.2f} | {tokens / seconds:,.0f} | {limit:,.0f} | "
                   f"{tokens / seconds / limit:.3f} |", flush=True)  # fmt: skip
+
+    if args.check:
+        prompts = prompts_of(chat, args.check)
+        greedy = scfg.model_copy(update={"temperature": 0.0})
+        a = run("before", model, chat, prompts, greedy, False)
+        b = run("static", model, chat, prompts, greedy, False)
+        same = sum(x.text == y.text for x, y in zip(a, b, strict=True))
+        print(f"\nstatic vs before, greedy, first {args.check} prompts: {same} rows identical")
 
 
 if __name__ == "__main__":

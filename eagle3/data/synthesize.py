@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,7 +265,9 @@ def load_model(model_dir: Path, server: ServerConfig) -> Any:
 
 #: Decode steps between two progress reports of generate_batch: each report reads a count off the device, and a
 #: read every step serialized the host with the GPU (3x slower on an H200, docs/performance.md "In-process generation").
+#: Slow steps (a CPU) report at least every PROGRESS_EVERY_S, where the read costs nothing.
 PROGRESS_EVERY_STEPS = 16
+PROGRESS_EVERY_S = 2.0
 
 
 def generate_batch(
@@ -277,10 +280,10 @@ def generate_batch(
     static_cache: bool | None = None,
 ) -> list[Turn]:
     """Left-padded batched generation; one Turn per prompt. `on_step(tokens)`: the tokens generated since the last
-    call, every PROGRESS_EVERY_STEPS decode steps and at the end. `sampling`: per prompt (temperature, seed): each
-    row draws from its own generator (eagle3/data/row_sampler.py), so a sample's tokens do not depend on its batch;
-    None: synthesize.temperature for all, torch's global RNG. `static_cache` (default: on a GPU): transformers'
-    static KV cache, which it compiles on CUDA (same tokens, tests/integration/test_synthesize.py)."""
+    call, every PROGRESS_EVERY_STEPS decode steps (or PROGRESS_EVERY_S) and at the end. `sampling`: per prompt
+    (temperature, seed): each row draws from its own generator (eagle3/data/row_sampler.py), so a sample's tokens
+    do not depend on its batch; None: synthesize.temperature for all, torch's global RNG. `static_cache` (default:
+    on a GPU): transformers' static KV cache, which it compiles on CUDA (same tokens, test_generation.py)."""
     import torch
     from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
@@ -306,12 +309,13 @@ def generate_batch(
             self.running = torch.ones(len(prompts), dtype=torch.bool, device=model.device)
             self.tokens = torch.zeros((), dtype=torch.long, device=model.device)  # since the last report
             self.steps = 0
+            self.last = time.monotonic()
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
             self.tokens += self.running.sum()  # on the device: no host sync
             self.running &= ~torch.isin(input_ids[:, -1], stop_set)
             self.steps += 1
-            if self.steps % PROGRESS_EVERY_STEPS == 0:
+            if self.steps % PROGRESS_EVERY_STEPS == 0 or time.monotonic() - self.last >= PROGRESS_EVERY_S:
                 self.report()
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
@@ -319,6 +323,7 @@ def generate_batch(
             if on_step is not None:
                 on_step(int(self.tokens))
             self.tokens.zero_()
+            self.last = time.monotonic()
 
     steps = _Steps()
     with torch.inference_mode():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import ServerConfig, SynthesizeConfig
+from eagle3.data import synthesize
 from eagle3.data.chat import ChatTokenizer
 from eagle3.data.synthesize import PROGRESS_EVERY_STEPS, generate_batch, load_model
 
@@ -53,9 +54,10 @@ def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_s
 
 
 def test_progress_is_reported_every_few_steps_and_adds_up_to_the_generated_tokens(
-    target: tuple[object, ChatTokenizer],
+    target: tuple[object, ChatTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, chat = target
+    monkeypatch.setattr(synthesize, "PROGRESS_EVERY_S", 1e9)  # the step cadence alone (a slow CPU adds reports)
     calls: list[int] = []
     scfg = SynthesizeConfig(max_new_tokens=2 * PROGRESS_EVERY_STEPS + 3, temperature=0.0, batch_size=4)
     turns = generate_batch(model, chat, first_prompts(chat, 4), scfg, calls.append)
