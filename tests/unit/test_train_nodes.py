@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from pathlib import Path
 
@@ -51,7 +52,7 @@ def test_one_node_is_standalone_and_several_meet_at_node_0s_c10d_store() -> None
     assert one[-5:] == ["--nproc_per_node", "8", "-m", "eagle3.train.worker", "job.json"]
     for rank in (0, 1):
         cmd = torchrun_command(Path("job.json"), 8, node=NodeLaunch(2, rank, "10.0.0.5:29400", "id1"), python="py")
-        arg = dict(zip(cmd, cmd[1:], strict=False))
+        arg = dict(itertools.pairwise(cmd))
         assert "--standalone" not in cmd
         assert (arg["--nnodes"], arg["--node_rank"], arg["--rdzv_backend"]) == ("2", str(rank), "c10d")
         assert (arg["--rdzv_endpoint"], arg["--rdzv_id"], arg["--max_restarts"]) == ("10.0.0.5:29400", "id1", "0")
@@ -81,5 +82,5 @@ def test_a_node_without_a_port_or_a_launch_token_is_told_what_to_set(tmp_path: P
         node_launch(cfg, tmp_path, None)
     with pytest.raises(RendezvousError, match=r"rendezvous/late\.json: node 0 did not publish"):
         node_launch(cfg, tmp_path, "late", wait_s=0.5)
-    with pytest.raises(ValueError, match="node_rank 2 is not below train.nodes 2"):
+    with pytest.raises(ValueError, match=r"node_rank 2 is not below train\.nodes 2"):
         TrainConfig.model_validate({"nodes": 2, "node_rank": 2})
