@@ -49,3 +49,23 @@ def train_flow(config: PipelineConfig) -> str | State:
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     return draft_stages(config, model_dir) or config.run_dir
+
+
+@flow(
+    name="train-node", flow_run_name="train {config.run_dir} [node {config.train.node_rank}]", validate_parameters=True
+)
+@reports_failure
+def train_node_flow(config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = "gpu") -> str:
+    """One node's torchrun of a multi-node training (the train-fanout flow starts one per node; export and
+    evaluate run once, in the fan-out, after every node finished). Returns the run directory.
+
+    Args:
+        config: The run; `train.nodes` and `train.node_rank` place this node (the fan-out sets them).
+        rendezvous_token: The launch whose rendezvous port node 0 publishes in `<run_dir>/train/rendezvous/` (the
+            fan-out's flow run id). Empty: train.rdzv_endpoint must name the port.
+        gpu_limit: This node's concurrency limit (`gpu-<work queue>`), held for `train.nproc` slots.
+    """
+    model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)
+    train_task(config, model_dir, rendezvous_token or None, gpu_limit)
+    return config.run_dir
