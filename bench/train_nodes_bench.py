@@ -42,7 +42,8 @@ SPEC = SyntheticSpec(lengths=tuple([24, 40, 33, 17, 48, 29, 36, 21] * 4))
 def config(root: Path, steps: int) -> PipelineConfig:
     train = {"batch_tokens": 128, "max_steps": steps, "lr": 3e-3, "warmup_steps": 2, "ttt_steps": 3,
              "draft_vocab_size": 96, "precision": "fp32", "log_every": 1, "checkpoint_every": steps,
-             "loader_threads": 1, "prefetch_batches": 1, "rdzv_endpoint": "127.0.0.1"}  # fmt: skip
+             "loader_threads": 1, "prefetch_batches": 1, "rdzv_endpoint": "127.0.0.1", "nodes": 2,
+             "work_queues": list(QUEUES)}  # fmt: skip
     return PipelineConfig.model_validate(
         {"run_dir": str(root / "store"), "model": str(root / "target"), "stages": ["train"],
          "server": {"device": "cpu"}, "train": train}
@@ -62,7 +63,7 @@ def plain(root: Path, steps: int) -> tuple[float, float]:
     t0 = time.time()
     procs = []
     for rank in (0, 1):
-        train = cfg.train.model_copy(update={"nodes": 2, "node_rank": rank})
+        train = cfg.train.model_copy(update={"node_rank": rank})
         job = TrainJob(train=train, run_dir=cfg.run_dir, model_dir=cfg.model, out_dir=str(out), device="cpu")
         write_job(TrainPaths(out).node_job_json(rank), job)
         cmd = torchrun_command(TrainPaths(out).node_job_json(rank), 1, node=NodeLaunch(2, rank, endpoint, rdzv_id(out)))
@@ -79,7 +80,7 @@ def fanout(root: Path, steps: int) -> tuple[float, float]:
 
     cfg = config(root, steps)
     t0 = time.time()
-    state = train_fanout_flow(cfg, work_queues=QUEUES, poll_s=1.0, return_state=True)
+    state = train_fanout_flow(cfg, poll_s=1.0, return_state=True)
     t_end = time.time()
     assert state.is_completed(), state.message
     return times(Path(cfg.run_dir) / "train", t0, t_end)

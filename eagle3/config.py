@@ -353,6 +353,13 @@ class TrainConfig(StrictModel):
         "node), or `host` alone (node 0 picks a free port and publishes it in the training directory). None: node "
         "0's hostname and a free port.",
     )
+    work_queues: list[str] = Field(
+        default_factory=list,
+        description="With nodes > 1, from a flow (the pipeline's train stage, the train-fanout deployment): node i's "
+        "flow run goes to work queue i of the `train-node` deployment's pool (start each node's worker with "
+        "`--work-queue <its queue>`; it holds train.nproc slots of the limit `gpu-<its queue>`). Empty: every node's "
+        "run goes to the deployment's own queue, wherever a worker takes it.",
+    )
     peer_timeout_s: float = Field(
         600.0, gt=0,
         description="How long a process waits in a collective (gradient all-reduce, barrier) for a peer before it "
@@ -447,6 +454,10 @@ class TrainConfig(StrictModel):
     def _node_rank_in_range(self) -> TrainConfig:
         if self.node_rank >= self.nodes:
             raise ValueError(f"train.node_rank {self.node_rank} is not below train.nodes {self.nodes}")
+        if self.work_queues and len(self.work_queues) != self.nodes:
+            raise ValueError(
+                f"train.work_queues names {len(self.work_queues)} queues for train.nodes {self.nodes}: one per node"
+            )
         return self
 
     @model_validator(mode="after")

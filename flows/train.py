@@ -17,12 +17,20 @@ from tasks.model import resolve_model_task, run_dir_task
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
 from tasks.train import train_task
+from tasks.train_fanout import train_on_nodes
 
 
 def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
     """The train, export and evaluate stages listed in `config.stages`, then promotion of the evaluated draft to
-    `draft/current` when it is not worse; Failed when the draft slows serving."""
-    trained = train_task(config, model_dir) if "train" in config.stages else None
+    `draft/current` when it is not worse; Failed when the draft slows serving or a training node failed. With
+    train.nodes > 1 training is one `train-node` flow run per node (train.work_queues), watched here."""
+    trained = None
+    if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
+        on_nodes = train_on_nodes(config)
+        if isinstance(on_nodes, State):
+            return on_nodes
+    elif "train" in config.stages:
+        trained = train_task(config, model_dir)
     if trained is not None and trained.waiting:  # the store grew by fewer than train.min_new_tokens
         run_summary_task(config)
         return None

@@ -7,6 +7,7 @@ work queue, watched as one job and summed up.
                               is global rank 0's all-reduced sum over every process of every node); the first
                               node that fails gets the others cancelled, so no node waits on a lost peer
     train_fanout_outcome      Completed, or Failed naming the node that failed first and its error
+    train_on_nodes            the three, as the train stage of a flow runs them when train.nodes > 1
 
 torchrun itself ends the surviving nodes when a peer is lost (a closed socket fails the collective at once,
 train.peer_timeout_s bounds the rest); the cancellation is the backstop, and it stops a node still waiting in the
@@ -35,6 +36,7 @@ from tasks.extract.fanout import FINAL, WATCH_TIMEOUT_S, ChildRun
 from tasks.progress import ProgressArtifact, describe
 from tasks.train import GPU_LIMIT, node_gpu_limit, train_dir
 
+NODE_DEPLOYMENT = "train-node/train-node"  # flows/train.py train_node_flow, deployed by deploy/prefect.yaml
 CANCEL_GRACE_S = 180.0  # a cancelled node's worker stops it well within this; longer: the node is gone
 
 
@@ -193,3 +195,13 @@ def train_fanout_outcome(s: TrainFanoutSummary) -> TrainFanoutSummary | State:
         f"the last checkpoint (on as many nodes, or fewer: docs/multinode.md)"
     )
     return Failed(message=message, data=NodeFailedError(message))
+
+
+def train_on_nodes(
+    config: PipelineConfig, deployment: str = NODE_DEPLOYMENT, poll_s: float = 10.0
+) -> TrainFanoutSummary | State:
+    """The train stage over train.nodes nodes (call it from a flow): one `deployment` flow run per node, node i on
+    train.work_queues[i] (or all on the deployment's queue), watched to the end; the summary, or Failed."""
+    queues: list[str | None] = list(config.train.work_queues) or [None] * config.train.nodes
+    runs = launch_train_nodes_task(config, deployment, queues)
+    return train_fanout_outcome(train_fanout_summary(config, watch_train_nodes_task(config, runs, poll_s)))

@@ -4,8 +4,9 @@ child per queue; torchrun on each (one gloo process), meeting at node 0's c10d s
 picks and publishes. The tiny synthetic store of test_train_flow.py.
 
 Checked: SIGKILL of node 1's torchrun mid-run ends the fan-out Failed naming node 1, node 0 stops too, nothing of
-the job is left running; a re-run resumes from the last checkpoint on both nodes and completes, with one progress
-artifact at 100% and the table of nodes.
+the job is left running; a re-run (through the train deployment's flow with train.nodes 2, which fans out the same
+way) resumes from the last checkpoint on both nodes and completes, with one progress artifact at 100% and the table
+of nodes.
 """
 
 from __future__ import annotations
@@ -78,17 +79,18 @@ def kill_node_1_torchrun_after_a_checkpoint(out: Path, killed: list[int]) -> Non
 def test_a_killed_node_fails_the_fanout_naming_it_and_a_rerun_resumes_on_both_nodes(
     train_node_workers: str, tmp_path: Path
 ) -> None:
+    from flows.train import train_flow
     from flows.train_fanout import train_fanout_flow
 
     write_run(tmp_path / "store", tmp_path / "target", SPEC)
-    rdzv = {"rdzv_endpoint": "127.0.0.1", "peer_timeout_s": 60}
+    rdzv = {"nodes": 2, "work_queues": list(QUEUES), "rdzv_endpoint": "127.0.0.1", "peer_timeout_s": 60}
     cfg: PipelineConfig = config(tmp_path, max_steps=400, checkpoint_every=2, log_every=1, **rdzv)
     out = tmp_path / "store" / "train"
 
     killed: list[int] = []
     killer = threading.Thread(target=kill_node_1_torchrun_after_a_checkpoint, args=(out, killed), daemon=True)
     killer.start()
-    state = train_fanout_flow(cfg, work_queues=QUEUES, poll_s=1.0, return_state=True)
+    state = train_fanout_flow(cfg, poll_s=1.0, return_state=True)
     killer.join(timeout=5)
     assert killed, "node 1's torchrun was never seen running"
     assert state.is_failed() and state.message is not None
@@ -101,16 +103,14 @@ def test_a_killed_node_fails_the_fanout_naming_it_and_a_rerun_resumes_on_both_no
     assert 2 <= stopped_at < 400
 
     again = config(tmp_path, max_steps=stopped_at + 4, checkpoint_every=2, log_every=1, **rdzv)
-    state = train_fanout_flow(again, work_queues=QUEUES, poll_s=1.0, return_state=True)
+    state = train_flow(again, return_state=True)  # the train deployment's flow: train.nodes 2 fans out the same way
     assert state.is_completed(), state.message
-    summary = state.result()
-    assert [(n.node_rank, n.work_queue, n.state) for n in summary.nodes] == [(0, "node-a", "Completed"),
-                                                                           (1, "node-b", "Completed")]  # fmt: skip
     records = read_metrics(out / "metrics.jsonl")
-    assert records[-1]["step"] == summary.step == stopped_at + 4 and records[-1]["start_step"] == stopped_at
+    assert records[-1]["step"] == stopped_at + 4 and records[-1]["start_step"] == stopped_at
     assert (out / "train-node1.log").is_file() and (out / "job-node1.json").is_file()
     progress = latest_artifact("store-train-fanout-progress")
     assert progress.data == 100.0 and f"{stopped_at + 4}/{stopped_at + 4} steps" in (progress.description or "")
     rows = json.loads(latest_artifact("store-train-fanout").data)
-    assert [(r["node"], r["state"]) for r in rows] == [(0, "Completed"), (1, "Completed")]
+    assert [(r["node"], r["work queue"], r["state"]) for r in rows] == [(0, "node-a", "Completed"),
+                                                                       (1, "node-b", "Completed")]  # fmt: skip
     assert processes_with(str(out)) == []
