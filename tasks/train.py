@@ -105,8 +105,11 @@ class TrainReporter:
             self.publish()
 
     def publish(self) -> None:
-        """The TTT table of the latest record and the curves so far (new versions of the same keys)."""
+        """The TTT table of the latest record and the curves so far (new versions of the same keys); node 0's alone
+        when several nodes train (they read the same metrics.jsonl)."""
         self.last_table = time.monotonic()
+        if self.config.train.node_rank != 0:
+            return
         records = read_metrics(self.paths.metrics)
         if not records:
             return
