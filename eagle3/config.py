@@ -335,6 +335,37 @@ class TrainConfig(StrictModel):
     """EAGLE-3 draft training (training-time test)."""
 
     nproc: int = Field(1, gt=0, le=1024, description="torchrun processes per node.")
+    # several nodes (eagle3/train/launch.py torchrun_command, the train-fanout flow; docs/multinode.md) ----------
+    nodes: int = Field(
+        1, gt=0, le=1024,
+        description="Nodes that train together: torchrun on each with `--nnodes nodes` and a c10d rendezvous; "
+        "nodes * nproc processes share the global batch. Every node reads the store and writes checkpoints on the "
+        "same shared filesystem path. 1: one node (`torchrun --standalone`).",
+    )  # fmt: skip
+    node_rank: int = Field(
+        0, ge=0,
+        description="This node's rank (0..nodes-1). Node 0 hosts the rendezvous store; the train-fanout flow sets "
+        "it per child.",
+    )  # fmt: skip
+    rdzv_endpoint: str | None = Field(
+        None,
+        description="With nodes > 1: the c10d rendezvous, `host:port` (node 0's address, reachable from every "
+        "node), or `host` alone (node 0 picks a free port and publishes it in the training directory). None: node "
+        "0's hostname and a free port.",
+    )
+    work_queues: list[str] = Field(
+        default_factory=list,
+        description="With nodes > 1, from a flow (the pipeline's train stage, the train-fanout deployment): node i's "
+        "flow run goes to work queue i of the `train-node` deployment's pool (start each node's worker with "
+        "`--work-queue <its queue>`; it holds train.nproc slots of the limit `gpu-<its queue>`). Empty: every node's "
+        "run goes to the deployment's own queue, wherever a worker takes it.",
+    )
+    peer_timeout_s: float = Field(
+        600.0, gt=0,
+        description="How long a process waits in a collective (gradient all-reduce, barrier) for a peer before it "
+        "fails (process-group timeout; NCCL async error handling on): a lost node ends the others within this. "
+        "A dead peer whose sockets close (a killed process) ends them at once.",
+    )  # fmt: skip
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the draft trains: `cuda` puts each process on its local rank's GPU. `auto` = cuda "
         "when available.",
@@ -418,6 +449,16 @@ class TrainConfig(StrictModel):
         "`best`: the one with the highest held-out acceptance length (checkpoints/best.json, never pruned); needs "
         "heldout_fraction > 0.",
     )
+
+    @model_validator(mode="after")
+    def _node_rank_in_range(self) -> TrainConfig:
+        if self.node_rank >= self.nodes:
+            raise ValueError(f"train.node_rank {self.node_rank} is not below train.nodes {self.nodes}")
+        if self.work_queues and len(self.work_queues) != self.nodes:
+            raise ValueError(
+                f"train.work_queues names {len(self.work_queues)} queues for train.nodes {self.nodes}: one per node"
+            )
+        return self
 
     @model_validator(mode="after")
     def _best_needs_heldout(self) -> TrainConfig:

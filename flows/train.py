@@ -17,12 +17,20 @@ from tasks.model import resolve_model_task, run_dir_task
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
 from tasks.train import train_task
+from tasks.train_fanout import train_on_nodes
 
 
 def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
     """The train, export and evaluate stages listed in `config.stages`, then promotion of the evaluated draft to
-    `draft/current` when it is not worse; Failed when the draft slows serving."""
-    trained = train_task(config, model_dir) if "train" in config.stages else None
+    `draft/current` when it is not worse; Failed when the draft slows serving or a training node failed. With
+    train.nodes > 1 training is one `train-node` flow run per node (train.work_queues), watched here."""
+    trained = None
+    if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
+        on_nodes = train_on_nodes(config)
+        if isinstance(on_nodes, State):
+            return on_nodes
+    elif "train" in config.stages:
+        trained = train_task(config, model_dir)
     if trained is not None and trained.waiting:  # the store grew by fewer than train.min_new_tokens
         run_summary_task(config)
         return None
@@ -49,3 +57,23 @@ def train_flow(config: PipelineConfig) -> str | State:
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     return draft_stages(config, model_dir) or config.run_dir
+
+
+@flow(
+    name="train-node", flow_run_name="train {config.run_dir} [node {config.train.node_rank}]", validate_parameters=True
+)
+@reports_failure
+def train_node_flow(config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = "gpu") -> str:
+    """One node's torchrun of a multi-node training (the train-fanout flow starts one per node; export and
+    evaluate run once, in the fan-out, after every node finished). Returns the run directory.
+
+    Args:
+        config: The run; `train.nodes` and `train.node_rank` place this node (the fan-out sets them).
+        rendezvous_token: The launch whose rendezvous port node 0 publishes in `<run_dir>/train/rendezvous/` (the
+            fan-out's flow run id). Empty: train.rdzv_endpoint must name the port.
+        gpu_limit: This node's concurrency limit (`gpu-<work queue>`), held for `train.nproc` slots.
+    """
+    model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)
+    train_task(config, model_dir, rendezvous_token or None, gpu_limit)
+    return config.run_dir

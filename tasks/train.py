@@ -4,7 +4,8 @@ Its log streams into the task's log as printed (and `<run_dir>/train/train.log`)
 feeds the progress artifact (steps, tok/s, ETA) as they come, and every `TABLE_EVERY_S` plus at the end the
 per-TTT-step table and the curves (a PNG, on disk and inline). Cancelling the flow run stops the trainer
 (SIGTERM, then SIGKILL); the next run resumes from the last atomic checkpoint. A finished training is not launched
-again.
+again. With train.nodes > 1 the task is one node's torchrun (tasks/train_fanout.py starts one per node): job and
+log per node (`job-nodeN.json`, `train-nodeN.log`), one metrics.jsonl and checkpoints/ written by global rank 0.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from eagle3.train.launch import (
     train_env,
 )
 from eagle3.train.plot import ttt_table, write_curves
+from eagle3.train.rendezvous import node_launch
 from eagle3.train.trainer import TrainJob, read_job, write_job
 from tasks.artifacts import markdown_artifact, run_key, table_artifact
 from tasks.progress import TaskProgress
@@ -103,8 +105,11 @@ class TrainReporter:
             self.publish()
 
     def publish(self) -> None:
-        """The TTT table of the latest record and the curves so far (new versions of the same keys)."""
+        """The TTT table of the latest record and the curves so far (new versions of the same keys); node 0's alone
+        when several nodes train (they read the same metrics.jsonl)."""
         self.last_table = time.monotonic()
+        if self.config.train.node_rank != 0:
+            return
         records = read_metrics(self.paths.metrics)
         if not records:
             return
@@ -127,28 +132,40 @@ class TrainReporter:
             self.logger.warning("train artifacts: %s", e)
 
 
-def hold_gpus(nproc: int) -> Any:
-    """The `gpu` limit's slots for the run's processes; clear error when the node's limit is smaller."""
+def node_gpu_limit(work_queue: str | None) -> str:
+    """The concurrency limit of one node's GPUs: `gpu` on a single node; `gpu-<queue>` for the node whose worker
+    takes the work queue `work_queue` (one Prefect server sees every node, so one `gpu` limit would be shared)."""
+    return GPU_LIMIT if work_queue is None else f"{GPU_LIMIT}-{work_queue}"
+
+
+def hold_gpus(nproc: int, limit: str = GPU_LIMIT) -> Any:
+    """The `limit`'s slots for the run's processes; clear error when the node's limit is smaller."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         try:
-            size = client.read_global_concurrency_limit_by_name(GPU_LIMIT).limit
+            size = client.read_global_concurrency_limit_by_name(limit).limit
         except Exception:  # no such limit (a bare local server): nothing to hold
             size = None
     if size is not None and nproc > size:
         raise ValueError(
-            f"train.nproc={nproc} but the global concurrency limit {GPU_LIMIT!r} has {size} slots, so the run "
+            f"train.nproc={nproc} but the global concurrency limit {limit!r} has {size} slots, so the run "
             f"would wait forever; lower train.nproc or raise the limit (`python deploy/deployments.py apply "
             f"--gpus {nproc}`)"
         )
-    return concurrency(GPU_LIMIT, occupy=nproc, strict=False)
+    return concurrency(limit, occupy=nproc, strict=False)
 
 
 @task(name="train", retries=0, cache_policy=NO_CACHE)
-def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
-    """Train the draft under torchrun (train.nproc processes) on `config.train.device`, resuming if stopped."""
+def train_task(
+    config: PipelineConfig, model_dir: str, rendezvous_token: str | None = None, gpu_limit: str = GPU_LIMIT
+) -> TrainSummary:
+    """Train the draft under torchrun (train.nproc processes) on `config.train.device`, resuming if stopped.
+    With train.nodes > 1 this is node train.node_rank's share (the train-fanout flow starts one per node):
+    `rendezvous_token` names the launch whose rendezvous node 0 publishes (eagle3/train/rendezvous.py), and
+    `gpu_limit` is this node's concurrency limit."""
     logger = get_run_logger()
+    node = config.train.node_rank
     out = train_dir(config)
     check_inputs(config)
     plan = plan_training(Path(config.run_dir), config.train)
@@ -161,21 +178,23 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
         reporter.publish()
         waiting = plan.action == "wait"
         return summary(out, done, launched=False, last=reporter.last, waiting=waiting, reason=plan.reason)
-    if plan.archive:
+    if plan.archive and node == 0:  # one node moves the finished training of the smaller store away
         logger.info(
             "train: the finished training of the smaller store moved to %s", archive_training(Path(config.run_dir))
         )
     reporter = TrainReporter(config, out, logger)
     job = new_job(config, model_dir, plan, out)
     paths = TrainPaths(out)
-    write_job(paths.job_json, job)
+    job_path, log_path = paths.node_job_json(node), paths.node_log(node)
+    write_job(job_path, job)
     nproc = config.train.nproc
-    cmd = torchrun_command(paths.job_json, nproc)
-    logger.info("train: %s (log: %s)", " ".join(cmd), paths.log)
+    launch = node_launch(config.train, out, rendezvous_token)  # node 0 publishes its port; the others wait for it
+    cmd = torchrun_command(job_path, nproc, node=launch)
+    logger.info("train: %s (log: %s)", " ".join(cmd), log_path)
     with (
         reporter.progress,
-        hold_gpus(nproc),
-        TrainProcess(cmd, log_path=paths.log, env=train_env(nproc, os.environ)) as proc,
+        hold_gpus(nproc, gpu_limit),
+        TrainProcess(cmd, log_path=log_path, env=train_env(nproc, os.environ)) as proc,
     ):
         for line in proc.lines():  # what the worker prints, as it is; its progress comes from metrics.jsonl
             if line.strip():
@@ -186,7 +205,8 @@ def train_task(config: PipelineConfig, model_dir: str) -> TrainSummary:
     reporter.publish()
     if code != 0:
         tail = "\n".join(proc.tail[-15:])
-        raise TrainFailedError(f"torchrun exited with {code}; whole log: {paths.log}; last lines:\n{tail}")
+        where = f" on node {node} of {config.train.nodes}" if config.train.nodes > 1 else ""
+        raise TrainFailedError(f"torchrun exited with {code}{where}; whole log: {log_path}; last lines:\n{tail}")
     ckpt = finished_checkpoint(out, config.train)
     if ckpt is None:
         raise TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")

@@ -9,6 +9,7 @@
     <run_dir>/dump/                                    the default extract.dump_dir
     <run_dir>/vocab_map.safetensors, index.arrow, convert.json       the convert stage's outputs
     <run_dir>/train/job.json, train.log, metrics.jsonl, curves.png, tb/, checkpoints/    TrainPaths
+    <run_dir>/train/job-nodeN.json, train-nodeN.log, rendezvous/<token>.json  nodes 1.. of a multi-node training
     <run_dir>/draft/latest, current, exports/<step>-<sha>/export.json, promotion.json   eagle3/release/promote.py
     <run_dir>/eval/offline.json, live.json, server-<label>/
     <run_dir>/trains/NNNN/{train,eval}                 earlier trainings (eagle3/release/retrain.py)
@@ -65,6 +66,17 @@ class TrainPaths:
     @property
     def checkpoints_dir(self) -> Path:
         return self.root / "checkpoints"
+
+    # several nodes on one training (eagle3/train/rendezvous.py): node 0 keeps the one-node names
+    def node_job_json(self, node_rank: int) -> Path:
+        return self.job_json if node_rank == 0 else self.root / f"job-node{node_rank}.json"
+
+    def node_log(self, node_rank: int) -> Path:
+        return self.log if node_rank == 0 else self.root / f"train-node{node_rank}.log"
+
+    def rendezvous(self, token: str) -> Path:
+        """The c10d endpoint node 0 chose for the launch `token` (a train-fanout flow run), read by the others."""
+        return self.root / "rendezvous" / f"{token}.json"
 
 
 class RunPaths:

@@ -2,6 +2,7 @@
 
     job = TrainJob(...); write_job(out / "job.json", job)
     with TrainProcess(torchrun_command(out / "job.json", nproc=8), log_path=out / "train.log") as proc:
+        # several nodes: torchrun_command(..., node=NodeLaunch(nodes, node_rank, endpoint, rdzv_id)) on each
         for line in proc.lines():          # every line is also appended to train.log
             ...
     proc.returncode
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from eagle3.draft.checkpoint import latest_checkpoint, read_state
 from eagle3.store.paths import TrainPaths
 
 PR_SET_PDEATHSIG = 1
+RDZV_JOIN_TIMEOUT_S = 900  # how long the first node waits for the last to join (model loading, a slow worker start)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> None:
@@ -37,20 +40,46 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
-def torchrun_command(job_path: Path, nproc: int, *, python: str = sys.executable) -> list[str]:
-    """One node, `nproc` workers; --standalone picks a free rendezvous port, so two runs never collide.
-    Started through this module's `__main__`, which arms the parent-death signal and execs torchrun."""
-    return [python, "-m", "eagle3.train.launch", python, "-m", "torch.distributed.run", "--standalone",
-            "--nproc_per_node", str(nproc), "-m", "eagle3.train.worker", str(job_path)]  # fmt: skip
+@dataclass(frozen=True)
+class NodeLaunch:
+    """This node's place in a multi-node training: `nodes` torchrun launches meet at `endpoint` (host:port, node
+    0's c10d store) under the rendezvous id `rdzv_id` (the same on every node)."""
+
+    nodes: int
+    node_rank: int
+    endpoint: str
+    rdzv_id: str
+
+
+def torchrun_command(
+    job_path: Path, nproc: int, *, node: NodeLaunch | None = None, python: str = sys.executable
+) -> list[str]:
+    """torchrun's command line, the one place it is spelled. One node (`node` None): --standalone picks a free
+    rendezvous port, so two runs never collide. Several: a c10d rendezvous at node 0, which hosts its store
+    (is_host, so two "nodes" on one machine never both try to), a bounded wait for the others to join, and no
+    restarts: a worker that fails, or a peer lost, ends this node's torchrun, and the flow re-runs the whole job
+    from the last checkpoint. Started through this module's `__main__`, which arms the parent-death signal and
+    execs torchrun."""
+    head = [python, "-m", "eagle3.train.launch", python, "-m", "torch.distributed.run"]
+    if node is None:
+        where = ["--standalone"]
+    else:
+        conf = f"is_host={int(node.node_rank == 0)},join_timeout={RDZV_JOIN_TIMEOUT_S}"
+        where = ["--nnodes", str(node.nodes), "--node_rank", str(node.node_rank), "--rdzv_backend", "c10d",
+                 "--rdzv_endpoint", node.endpoint, "--rdzv_id", node.rdzv_id, "--rdzv_conf", conf,
+                 "--max_restarts", "0"]  # fmt: skip
+    return [*head, *where, "--nproc_per_node", str(nproc), "-m", "eagle3.train.worker", str(job_path)]
 
 
 def train_env(nproc: int, base: Mapping[str, str]) -> dict[str, str]:
-    """The workers' environment: unbuffered output (or the log arrives at exit), and a CPU thread share
-    per worker (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl). `base`: the caller's
-    environment (the train task passes its os.environ), which the workers inherit."""
+    """The workers' environment: unbuffered output (or the log arrives at exit), a CPU thread share per worker
+    (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl), and NCCL's async error handling, so
+    a collective that outlives train.peer_timeout_s (a peer node gone) aborts the process instead of hanging.
+    `base`: the caller's environment (the train task passes its os.environ), which the workers inherit."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     return env
 
 

@@ -98,7 +98,8 @@ def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
 #: Train settings a resumed run may change: how long it runs, how it reports, how it reads; anything else
 #: (lr, batch, TTT, vocab, seed, ...) would silently mix two trainings in one draft.
 RESUMABLE_CHANGES = frozenset(
-    {"nproc", "epochs", "max_steps", "checkpoint_every", "log_every", "keep_checkpoints", "loader_threads",
+    {"nproc", "nodes", "node_rank", "rdzv_endpoint", "peer_timeout_s", "work_queues",
+     "epochs", "max_steps", "checkpoint_every", "log_every", "keep_checkpoints", "loader_threads",
      "prefetch_batches", "compile", "attention", "target_chunk_tokens", "parallel", "init", "min_new_tokens"}
 )  # fmt: skip
 

@@ -1,9 +1,10 @@
-"""torchrun entry of the trainer: `torchrun --nproc_per_node N -m eagle3.train.worker <job.json>`.
+"""torchrun entry of the trainer: `torchrun --nproc_per_node N [--nnodes M ...] -m eagle3.train.worker <job.json>`.
 
 Parses the job file (a validated TrainJob), reads torchrun's RANK / WORLD_SIZE / LOCAL_RANK (the only
-environment it reads; MASTER_ADDR/PORT are read by torch's env:// rendezvous), joins the process group
-(nccl on CUDA, gloo on CPU), trains, and leaves the group even on failure. Rank 0 prints progress lines and,
-last, one JSON line with the result.
+environment it reads; MASTER_ADDR/PORT are read by torch's env:// rendezvous). RANK and WORLD_SIZE are global
+over every node: the loader shards by them and global rank 0 alone writes checkpoints. Joins the process group
+(nccl on CUDA, gloo on CPU; timeout train.peer_timeout_s), trains, and leaves the group even on failure. Rank 0
+prints progress lines and, last, one JSON line with the result.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(minutes=30))
+        # a peer lost without closing its sockets (a node gone) fails the collective after peer_timeout_s
+        timeout = timedelta(seconds=job.train.peer_timeout_s)
+        dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     try:
         with Trainer.build(job, rank=rank, world=world, local_rank=local_rank) as trainer:
             if rank == 0 and trainer.warm is not None:

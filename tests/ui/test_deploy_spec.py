@@ -40,8 +40,8 @@ def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> N
         params = d.full_parameters(flow.fn, entry.get("parameters"), entry["name"])
         if "config" in params:
             assert params["config"]["data"]["shard_size"] > 0  # written out in full for the UI form
-        # extract-node runs once per node at the same time (its runs share a run directory by lease)
-        assert entry["concurrency_limit"]["limit"] == (64 if entry["name"] == "extract-node" else 1)
+        # extract-node and train-node run once per node at the same time (one run directory, by lease or one torchrun)
+        assert entry["concurrency_limit"]["limit"] == (64 if entry["name"] in ("extract-node", "train-node") else 1)
         for s in entry.get("schedules") or []:
             schedule = d.schedule_of(s, flow.fn, entry["name"], None)
             assert not schedule.active
@@ -53,6 +53,8 @@ def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> N
         "extract/extract",
         "extract/extract-node",
         "extract-fanout/extract-fanout",
+        "train-fanout/train-fanout",
+        "train-node/train-node",
         "retry-failed/retry-failed",
         "verify/verify",
     }
@@ -127,7 +129,7 @@ def test_every_parameter_of_every_deployment_has_a_title_and_a_description() -> 
 def test_every_form_requires_its_own_run_dir_and_starts_without_one() -> None:
     forms = [(n, s, p) for n, _, s, p in deployment_forms() if "config" in s.properties]
     assert {n for n, _, _ in forms} == {"pipeline", "extract", "extract-fanout", "extract-node", "convert", "train",
-                                        "grow"}  # fmt: skip
+                                        "train-fanout", "train-node", "grow"}  # fmt: skip
     for name, schema, params in forms:
         config = schema.definitions["PipelineConfig"]
         assert "run_dir" in config["required"] and "default" not in config["properties"]["run_dir"], name

@@ -45,6 +45,8 @@ DEPLOYMENTS = {
     "extract/extract",
     "extract/extract-node",
     "extract-fanout/extract-fanout",
+    "train-fanout/train-fanout",
+    "train-node/train-node",
     "retry-failed/retry-failed",
     "verify/verify",
 }
@@ -91,7 +93,7 @@ def test_make_serve_registers_the_pool_limits_deployments_schedule_and_automatio
         assert set(deployments) == DEPLOYMENTS
         for name, d in deployments.items():
             assert d.work_pool_name == "eagle3-gpu", name
-            limit = 64 if name == "extract/extract-node" else 1  # extract-node: one run per node at once
+            limit = 64 if name in ("extract/extract-node", "train-node/train-node") else 1  # one run per node at once
             assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == limit, name
             assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}], name
         pipeline = deployments["eagle3-pipeline/pipeline"]

@@ -1,0 +1,42 @@
+"""The train fan-out flow: one training over several nodes, one child `train-node` flow run per node, then export
+and evaluate once."""
+
+from __future__ import annotations
+
+from prefect import flow
+from prefect.states import State
+
+from eagle3.config import PipelineConfig
+from flows.train import draft_stages
+from tasks.failure import reports_failure
+from tasks.model import resolve_model_task, run_dir_task
+from tasks.train_fanout import NODE_DEPLOYMENT, TrainFanoutSummary, train_on_nodes
+
+
+@flow(name="train-fanout", flow_run_name="train-fanout {config.run_dir}", validate_parameters=True)
+@reports_failure
+def train_fanout_flow(
+    config: PipelineConfig, deployment: str = NODE_DEPLOYMENT, poll_s: float = 10.0
+) -> TrainFanoutSummary | State:
+    """start one `train-node` flow run per node (torchrun on each, c10d rendezvous at node 0) ─► watch: one
+    progress/ETA for the job, the first node that fails cancels the rest ─► table of nodes ─► export ─► evaluate
+    (the stages `config.stages` lists besides train). Failed naming the node that failed first and its error.
+
+    `config.train.work_queues`: node i is the worker of work queue i (start each node's worker with `--work-queue
+    <its queue>`); it holds `train.nproc` slots of the limit `gpu-<its queue>`. Empty: `train.nodes` runs on the
+    deployment's queue. The store and `<run_dir>/train` must be on a filesystem every node sees at the same path.
+    The pipeline and train flows do the same when `train.nodes` > 1.
+
+    Args:
+        config: The converted run directory, the target model, the train settings (train.nodes, train.work_queues,
+            train.nproc per node; train.rdzv_endpoint: node 0's host, or host:port) and the evaluate settings.
+        deployment: The deployment each node runs (flow/deployment).
+        poll_s: Seconds between looks at the metrics and the nodes' states.
+    """
+    model_dir = resolve_model_task(config)
+    config = run_dir_task(config, model_dir)
+    trained = train_on_nodes(config, deployment, poll_s)
+    if isinstance(trained, State):
+        return trained
+    after = config.model_copy(update={"stages": [s for s in config.stages if s != "train"]})
+    return draft_stages(after, model_dir) or trained
