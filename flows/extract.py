@@ -8,6 +8,7 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from tasks.deployment_config import deployment_config
 from tasks.extract.open_run import disk_budget_task, open_run_task
 from tasks.extract.plan import ExtractSummary
 from tasks.extract.report import extract_outcome, outcomes, report_extract_task
@@ -32,6 +33,7 @@ def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
         config: The run directory to extract (prepare must have run), the target model, the engine (`server`)
             and the extract settings (eagle3/config.py, docs/formats.md).
     """
+    config, _ = deployment_config(config)  # a partial `config` keeps the deployment's own settings (extract-node's)
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     shared = config.extract.share_run_dir

@@ -6,6 +6,7 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from tasks.deployment_config import deployment_config
 from tasks.extract.fanout import (
     FanoutSummary,
     fanout_outcome,
@@ -43,6 +44,7 @@ def extract_fanout_flow(
         deployment: The deployment each child runs (flow/deployment); it must share the run directory.
         poll_s: Seconds between looks at the store and the children (progress, ETA, their states).
     """
+    config, _ = deployment_config(config)  # a partial `config` keeps the deployment's own settings
     queues: list[str | None] = list(work_queues) if work_queues else [None] * nodes
     children = launch_children_task(config, deployment, queues)
     watch_children_task(config, children, poll_s)

@@ -10,6 +10,8 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from eagle3.config_merge import ConfigSources
+from tasks.deployment_config import deployment_config
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
@@ -19,19 +21,20 @@ from tasks.summary import run_summary_task
 from tasks.train import train_task
 
 
-def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
+def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources) -> State | None:
     """The train, export and evaluate stages listed in `config.stages`, then promotion of the evaluated draft to
-    `draft/current` when it is not worse; Failed when the draft slows serving."""
+    `draft/current` when it is not worse, and the run summary (saying where the settings came from: `sources`);
+    Failed when the draft slows serving."""
     trained = train_task(config, model_dir) if "train" in config.stages else None
     if trained is not None and trained.waiting:  # the store grew by fewer than train.min_new_tokens
-        run_summary_task(config)
+        run_summary_task(config, sources)
         return None
     if "export" in config.stages:
         export_task(config, model_dir)
     evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
     if evaluation is not None:
         promote_task(config, model_dir, evaluation)
-    run_summary_task(config)
+    run_summary_task(config, sources)
     return evaluation_outcome(config, evaluation)
 
 
@@ -46,6 +49,7 @@ def train_flow(config: PipelineConfig) -> str | State:
         config: The converted run directory to train on, the target model, and the train and evaluate settings
             (eagle3/config.py, docs/formats.md).
     """
+    config, sources = deployment_config(config)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
-    return draft_stages(config, model_dir) or config.run_dir
+    return draft_stages(config, model_dir, sources) or config.run_dir
