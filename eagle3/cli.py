@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config, run_dir_placeholders
 from eagle3.progress import Progress, ProgressFn
-from eagle3.store.paths import RunPaths
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -188,9 +187,12 @@ def report_flow_state(state: Any, store: Path, run_dir: str | Path) -> int:
 
 # retry -----------------------------------------------------------------------------------------
 def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
-    run_json = RunPaths(run_dir).run_json
-    if not run_json.is_file():
-        print(f"eagle3: {run_json} missing: nothing was extracted there, so nothing to retry", file=sys.stderr)
+    from eagle3.store.nearby import StoreMissingError, require_store
+
+    try:
+        require_store(run_dir, "nothing to retry")
+    except StoreMissingError as e:
+        print(f"eagle3: {e}", file=sys.stderr)
         return EXIT_USAGE
     api_url = prefect_api_url()
     problem = check_server(api_url)
@@ -212,6 +214,7 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
     from rich.table import Table
 
     from eagle3.store.lock import RunLockedError
+    from eagle3.store.nearby import StoreMissingError
     from eagle3.store.run_store import RunStore
     from eagle3.store.verify import VerifyError, verify_run
 
@@ -219,7 +222,7 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
     try:
         progress = progress_printer(Console(stderr=True))
         report = verify_run(RunStore(run_dir), full=not quick, shards=shards, report=progress)
-    except (VerifyError, RunLockedError) as e:
+    except (VerifyError, StoreMissingError, RunLockedError) as e:
         print(f"eagle3: {e}", file=sys.stderr)
         return EXIT_USAGE
     rows = [s.row() for s in report.shards]
