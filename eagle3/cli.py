@@ -209,6 +209,9 @@ def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
 
 
 # verify ----------------------------------------------------------------------------------------
+VERIFY_TABLE_WIDTH = 1000  # off a terminal: wide enough for a sample id and its first problem on one line
+
+
 def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -218,7 +221,8 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
     from eagle3.store.run_store import RunStore
     from eagle3.store.verify import VerifyError, verify_run
 
-    console = Console()
+    # Off a terminal (a pipe, a log, CI) rich would cut the table at 80 columns: there every row is one whole line.
+    console = Console() if sys.stdout.isatty() else Console(width=VERIFY_TABLE_WIDTH)
     try:
         progress = progress_printer(Console(stderr=True))
         report = verify_run(RunStore(run_dir), full=not quick, shards=shards, report=progress)
@@ -226,10 +230,12 @@ def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
         print(f"eagle3: {e}", file=sys.stderr)
         return EXIT_USAGE
     rows = [s.row() for s in report.shards]
-    table = Table(*(rows[0].keys() if rows else ["shard"]))
+    table = Table()
+    for name in rows[0].keys() if rows else ["shard"]:
+        table.add_column(name, overflow="fold")  # on a terminal a long first problem wraps, never cut
     for r in rows:
         style = "red" if r["bad"] else ("yellow" if r["missing"] or r["orphans"] else None)
-        table.add_row(*(f"{v:05d}" if k == "shard" else str(v)[:80] for k, v in r.items()), style=style)
+        table.add_row(*(f"{v:05d}" if k == "shard" else str(v) for k, v in r.items()), style=style)
     console.print(table)
     # Every bad sample in full, one per line, as plain text: a table off a terminal is cut at 80 columns.
     for shard, sample_id, reason in report.bad_samples():
