@@ -87,12 +87,15 @@ def model_parameters(fn: Any) -> dict[str, type[BaseModel]]:
 
 
 def full_parameters(fn: Any, given: dict[str, Any] | None, where: str) -> dict[str, Any]:
-    """`given`, with every pydantic-model parameter validated and written out in full (defaults included),
-    so the UI's form starts from complete values and a bad value in prefect.yaml fails here, not at run time."""
+    """`given`, with every pydantic-model parameter validated and written out in full (defaults included, but
+    no None: the form's nullable fields have no null choice, see `plain_nullable`), so the UI's form starts from
+    complete values and a bad value in prefect.yaml fails here, not at run time."""
+    from eagle3.config_merge import without_nulls
+
     params = copy.deepcopy(given or {})
     for name, model in model_parameters(fn).items():
         try:
-            params[name] = model.model_validate(params.get(name) or {}).model_dump(mode="json")
+            params[name] = without_nulls(model.model_validate(params.get(name) or {}).model_dump(mode="json"))
         except ValueError as e:
             raise SpecError(f"{where}: parameter {name!r} does not validate as {model.__name__}:\n{e}") from None
     return params
@@ -126,6 +129,19 @@ def title_of(name: str) -> str:
     return TITLES.get(name) or name.replace("_", " ").title()
 
 
+def plain_nullable(definitions: dict[str, Any]) -> None:
+    """Each `X | None` property of the config's models as plain X, default None left out: Prefect's form shows
+    `anyOf [X, null]` as a switch with "Property is type None" beside it. An empty field is left out of the run's
+    parameters, and the key then has its default, None (every nullable config key defaults to None)."""
+    for definition in definitions.values():
+        for name, prop in (definition.get("properties") or {}).items():
+            choices = prop.get("anyOf") or []
+            plain = [c for c in choices if c.get("type") != "null"]
+            if len(choices) == 2 and len(plain) == 1:
+                rest = {k: v for k, v in prop.items() if k != "anyOf" and not (k == "default" and v is None)}
+                definition["properties"][name] = {**plain[0], **rest}
+
+
 def form_schema(flow: Any, d: dict[str, Any]) -> Any:
     """The flow's parameter schema as the deployment's UI form shows it: every parameter titled and described
     (descriptions come from the flow docstring's `Args:` section), `config.run_dir` required and empty (a run
@@ -142,6 +158,7 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
         prop["description"] = " ".join(prop["description"].split())
     config = schema.definitions.get("PipelineConfig")
     if config is not None and "config" in model_parameters(flow.fn):
+        plain_nullable(schema.definitions)
         shown = d.get("config_form")
         props = config["properties"]
         unknown = sorted(set(shown or []) - set(props))

@@ -46,6 +46,17 @@ def deep_merge(base: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def without_nulls(tree: Any) -> Any:
+    """`tree` without the keys whose value is None, in every nested mapping (and mappings in lists). Lossless for
+    a PipelineConfig: each of its nullable keys defaults to None (tests/unit/test_config_merge.py checks), so the
+    UI form's fields can be plain `string`/`integer` ones (no str/None switch) and what is sent still validates."""
+    if isinstance(tree, dict):
+        return {k: without_nulls(v) for k, v in tree.items() if v is not None}
+    if isinstance(tree, list):
+        return [without_nulls(v) for v in tree]
+    return tree
+
+
 def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Dotted key -> value of every non-mapping value in `tree`."""
     out: dict[str, Any] = {}
