@@ -11,6 +11,8 @@
 
     python deploy/deployments.py apply [--gpus N] [--heartbeat-s 30] [--crash-after-s 150]
     python deploy/deployments.py show      # what is registered
+    python deploy/deployments.py crash-automation [--crash-after-s 150]   # only the automation (every server
+                                                  # deploy/prefect_server.sh starts gets it: `make demo`'s too)
 
 A re-apply updates everything in place but keeps what a user switched in the UI: a schedule's on/off
 state and an example automation's enabled state.
@@ -396,6 +398,20 @@ def apply(gpus: int | None, heartbeat_s: int, crash_after_s: int, spec_path: Pat
             print(f"automation     {automation.name}: {status} (deploy/automations/{path.name})")
 
 
+def apply_crash_automation(heartbeat_s: int, crash_after_s: int) -> int:
+    from prefect import get_client
+
+    try:
+        automation = crash_automation(heartbeat_s, crash_after_s)
+    except SpecError as e:
+        print(f"deployments: {e}", file=sys.stderr)
+        return 1
+    with get_client(sync_client=True) as client:
+        status = upsert_automation(client, automation, keep_enabled=False)
+    print(f"automation     {CRASH_AUTOMATION}: {status}")
+    return 0
+
+
 def show() -> None:
     from prefect import get_client
 
@@ -422,10 +438,15 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--crash-after-s", type=int, default=CRASH_AFTER_S, help="silence that marks a run Crashed")
     a.add_argument("--spec", type=Path, default=SPEC, help="deployments file (default deploy/prefect.yaml)")
     sub.add_parser("show", help="list what is registered")
+    c = sub.add_parser("crash-automation", help=f"create or update only the {CRASH_AUTOMATION} automation")
+    c.add_argument("--heartbeat-s", type=int, default=HEARTBEAT_S, help="flow-run heartbeat period (>= 30)")
+    c.add_argument("--crash-after-s", type=int, default=CRASH_AFTER_S, help="silence that marks a run Crashed")
     args = parser.parse_args(argv)
     if args.command == "show":
         show()
         return 0
+    if args.command == "crash-automation":
+        return apply_crash_automation(args.heartbeat_s, args.crash_after_s)
     if args.heartbeat_s < 30:
         parser.error("--heartbeat-s: Prefect sends flow-run heartbeats at most every 30 s")
     if args.gpus is not None and args.gpus < 1:

@@ -85,6 +85,17 @@ def test_the_crash_automation_needs_at_least_two_heartbeats() -> None:
         d.crash_automation(30, 45)
 
 
+def test_every_flow_run_of_the_project_beats_as_often_as_the_crash_automation_expects() -> None:
+    """prefect.toml sets the heartbeat of every flow run started in the project (`eagle3 run` too); Prefect's
+    default, 180 s, would let the automation mark live runs Crashed."""
+    import tomllib
+
+    d = deployments_module()
+    toml = tomllib.loads((REPO / "prefect.toml").read_text())
+    assert toml["flows"]["heartbeat_frequency"] == d.HEARTBEAT_S
+    assert d.CRASH_AFTER_S >= 2 * d.HEARTBEAT_S
+
+
 def deployment_forms() -> list[tuple[str, dict[str, Any], Any, dict[str, Any]]]:
     """(name, spec entry, form schema, form parameters) of every deployment in deploy/prefect.yaml."""
     from prefect.flows import load_flow_from_entrypoint
