@@ -144,6 +144,30 @@ def plain_nullable(definitions: dict[str, Any]) -> None:
                 definition["properties"][name] = {**plain[0], **rest}
 
 
+def leaf_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in tree.items():
+        out += leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [prefix + k]
+    return out
+
+
+def is_shown(key: str, shown: list[str]) -> bool:
+    """Whether the form shows config key `key` (dotted): it, a section above it or a field below it is listed."""
+    return any(key == s or key.startswith(s + ".") or s.startswith(key + ".") for s in shown)
+
+
+def known_key(definitions: dict[str, Any], dotted: str) -> bool:
+    """Whether `section.field` (or a top-level key) is a PipelineConfig key, through the sections' `$ref`s."""
+    props = definitions["PipelineConfig"]["properties"]
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        ref = props.get(p, {}).get("$ref")
+        if not ref:
+            return False
+        props = definitions[ref.split("/")[-1]]["properties"]
+    return leaf in props
+
+
 def form_schema(flow: Any, d: dict[str, Any]) -> Any:
     """The flow's parameter schema as the deployment's UI form shows it: every parameter titled and described
     (descriptions come from the flow docstring's `Args:` section), `config.run_dir` required and empty (a run
@@ -163,15 +187,21 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
         plain_nullable(schema.definitions)
         shown = d.get("config_form")
         props = config["properties"]
-        unknown = sorted(set(shown or []) - set(props))
+        unknown = sorted(k for k in shown or [] if not known_key(schema.definitions, k))
         if unknown:
             raise SpecError(f"{where}: config_form names keys PipelineConfig does not have: {unknown}")
-        hidden = sorted(set((d.get("parameters") or {}).get("config") or {}) - set(shown or props))
-        if hidden:  # a value the deployment sets (e.g. stages: [convert]) must reach the run: the form shows it
-            raise SpecError(f"{where}: config_form must show the config keys its parameters set: {hidden}")
+        # A value the deployment sets but its form does not show (train.device: cuda) still reaches every run: it
+        # stays in the deployment's parameters (form_parameters) and the flow merges a run's config over them.
         if shown:
-            config["properties"] = props = {k: v for k, v in props.items() if k in shown}
+            config["properties"] = props = {k: v for k, v in props.items() if is_shown(k, shown)}
             config.pop("additionalProperties", None)  # callers (extract-fanout) pass the whole config
+            for key, prop in props.items():  # a section of which only some fields are listed shows only those
+                fields = [k.split(".", 1)[1] for k in shown if k.startswith(key + ".")]
+                if fields and key not in shown:
+                    section = schema.definitions[prop["$ref"].split("/")[-1]]
+                    section["properties"] = {k: v for k, v in section["properties"].items() if k in fields}
+                    section.pop("additionalProperties", None)
+                    section.pop("required", None)
         props["run_dir"].pop("default", None)
         props["run_dir"]["description"] = RUN_DIR_HELP
         config["required"] = sorted({*config.get("required", []), "run_dir"})
@@ -181,7 +211,7 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
                 who = f"the stages {stages} read" if "," in stages else f"the {stages} stage reads"
                 props[key]["title"] = title_of(key)  # the label the UI gives it anyway: "Extract"
                 props[key]["description"] = (
-                    f"{section.get('description', '')} Only {who} this section; its defaults suit a first run."
+                    f"{section.get('description', '')} Only {who} this section; its other keys: `Overrides`."
                 )
     return schema
 
@@ -189,15 +219,26 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
 def form_parameters(params: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     """The deployment's parameters as the form starts: without `config.run_dir` (the user names it; unless the
     spec itself gives one, as `grow` does with a `{model_sha}` template: its scheduled runs need it) and without
-    the config keys the form does not show."""
+    the config keys the form does not show, except those the deployment sets itself (the flow merges a run's
+    config over them, so they reach every run)."""
     if "config" not in params:
         return params
     shown = d.get("config_form")
-    own_run_dir = "run_dir" in ((d.get("parameters") or {}).get("config") or {})
-    config = {
-        k: v for k, v in params["config"].items() if (k != "run_dir" or own_run_dir) and (not shown or k in shown)
-    }
-    return {**params, "config": config}
+    own = set(leaf_keys((d.get("parameters") or {}).get("config") or {}))
+    config = {k: v for k, v in params["config"].items() if (k != "run_dir" or "run_dir" in own)}
+
+    def keep(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out = {}
+        for k, v in tree.items():
+            key = prefix + k
+            if isinstance(v, dict) and v and not any(key == s for s in shown or []):
+                if sub := keep(v, key + "."):
+                    out[k] = sub
+            elif any(key == s or key.startswith(s + ".") for s in shown or []) or key in own:
+                out[k] = v
+        return out
+
+    return {**params, "config": keep(config, "") if shown else config}
 
 
 # --- work pool and limits -------------------------------------------------------------------------------------

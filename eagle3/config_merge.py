@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eagle3.config import PipelineConfig
+from eagle3.config import PipelineConfig, overrides_tree
 
 
 class ConfigSources(BaseModel):
@@ -69,10 +69,15 @@ def leaves(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def merge_config(
-    deployment_config: dict[str, Any], given: dict[str, Any], deployment: str | None
+    deployment_config: dict[str, Any],
+    given: dict[str, Any],
+    deployment: str | None,
+    overrides: list[str] | tuple[str, ...] = (),
 ) -> tuple[PipelineConfig, ConfigSources]:
-    """The run's config: `given` (what the run's parameters hold) merged deeply over the deployment's `config`,
-    validated; and which keys came from where. A ValueError (pydantic's) names the bad key."""
+    """The run's config: `given` (what the run's parameters hold) and then `overrides` (`key.sub=value` lines,
+    for the keys a form does not show) merged deeply over the deployment's `config`, validated; and which keys
+    came from where. A ValueError (pydantic's, or ConfigError for a bad line) names the bad key."""
+    given = deep_merge(given, overrides_tree(overrides))
     config = PipelineConfig.model_validate(deep_merge(deployment_config, given))
     defaults = leaves(PipelineConfig.model_validate({}).model_dump(mode="json"))
     base = leaves(PipelineConfig.model_validate(deployment_config).model_dump(mode="json"))

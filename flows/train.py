@@ -40,7 +40,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
 
 @flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
 @reports_failure
-def train_flow(config: PipelineConfig) -> str | State:
+def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
     live evaluation finds the draft slower than the plain target.
@@ -48,8 +48,10 @@ def train_flow(config: PipelineConfig) -> str | State:
     Args:
         config: The converted run directory to train on, the target model, and the train and evaluate settings
             (eagle3/config.py, docs/formats.md).
+        overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
+            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
     """
-    config, sources = deployment_config(config)  # a partial `config` keeps the deployment's own settings
+    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     return draft_stages(config, model_dir, sources) or config.run_dir

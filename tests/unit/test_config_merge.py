@@ -86,3 +86,14 @@ def test_a_run_without_a_deployment_says_its_config_is_its_own() -> None:
 def test_a_bad_given_key_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"train\.devic"):
         merge_config({}, {"train": {"devic": "cuda"}}, "eagle3-train/train")
+
+
+def test_overrides_set_the_keys_a_form_does_not_show_and_count_as_given() -> None:
+    own = {"stages": ["train", "export", "evaluate"], "train": {"device": "cuda"}}
+    config, sources = merge_config(own, {"run_dir": "r"}, "eagle3-train/train", ["train.lr=0.001", "data_dir=d2"])
+    assert config.train.lr == 0.001 and config.data_dir == "d2" and config.train.device == "cuda"
+    assert sources.given == ["data_dir", "run_dir", "train.lr"]
+    from eagle3.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"must look like key\.sub=value"):
+        merge_config(own, {}, "eagle3-train/train", ["train.lr 0.001"])
