@@ -97,3 +97,15 @@ def test_overrides_set_the_keys_a_form_does_not_show_and_count_as_given() -> Non
 
     with pytest.raises(ConfigError, match=r"must look like key\.sub=value"):
         merge_config(own, {}, "eagle3-train/train", ["train.lr 0.001"])
+
+
+def test_the_run_summary_lists_where_the_settings_came_from(tmp_path: Path) -> None:
+    from eagle3.store.run_store import RunStore
+    from tasks.summary import summary_markdown
+
+    own = {"stages": ["train", "export", "evaluate"], "train": {"device": "cuda"}}
+    config, sources = merge_config(own, {"run_dir": str(tmp_path)}, "eagle3-train/train")
+    text = summary_markdown(config, RunStore(tmp_path), sources)
+    assert "Stages of this flow run: train, export, evaluate" in text
+    assert "- Settings given by this run: run_dir" in text
+    assert "- Settings of the deployment `eagle3-train/train` kept: stages, train.device" in text
