@@ -11,6 +11,8 @@
 
     python deploy/deployments.py apply [--gpus N] [--heartbeat-s 30] [--crash-after-s 150]
     python deploy/deployments.py show      # what is registered
+    python deploy/deployments.py crash-automation [--crash-after-s 150]   # only the automation (every server
+                                                  # deploy/prefect_server.sh starts gets it: `make demo`'s too)
 
 A re-apply updates everything in place but keeps what a user switched in the UI: a schedule's on/off
 state and an example automation's enabled state.
@@ -87,12 +89,15 @@ def model_parameters(fn: Any) -> dict[str, type[BaseModel]]:
 
 
 def full_parameters(fn: Any, given: dict[str, Any] | None, where: str) -> dict[str, Any]:
-    """`given`, with every pydantic-model parameter validated and written out in full (defaults included),
-    so the UI's form starts from complete values and a bad value in prefect.yaml fails here, not at run time."""
+    """`given`, with every pydantic-model parameter validated and written out in full (defaults included, but
+    no None: the form's nullable fields have no null choice, see `plain_nullable`), so the UI's form starts from
+    complete values and a bad value in prefect.yaml fails here, not at run time."""
+    from eagle3.config_merge import without_nulls
+
     params = copy.deepcopy(given or {})
     for name, model in model_parameters(fn).items():
         try:
-            params[name] = model.model_validate(params.get(name) or {}).model_dump(mode="json")
+            params[name] = without_nulls(model.model_validate(params.get(name) or {}).model_dump(mode="json"))
         except ValueError as e:
             raise SpecError(f"{where}: parameter {name!r} does not validate as {model.__name__}:\n{e}") from None
     return params
@@ -126,6 +131,43 @@ def title_of(name: str) -> str:
     return TITLES.get(name) or name.replace("_", " ").title()
 
 
+def plain_nullable(definitions: dict[str, Any]) -> None:
+    """Each `X | None` property of the config's models as plain X, default None left out: Prefect's form shows
+    `anyOf [X, null]` as a switch with "Property is type None" beside it. An empty field is left out of the run's
+    parameters, and the key then has its default, None (every nullable config key defaults to None)."""
+    for definition in definitions.values():
+        for name, prop in (definition.get("properties") or {}).items():
+            choices = prop.get("anyOf") or []
+            plain = [c for c in choices if c.get("type") != "null"]
+            if len(choices) == 2 and len(plain) == 1:
+                rest = {k: v for k, v in prop.items() if k != "anyOf" and not (k == "default" and v is None)}
+                definition["properties"][name] = {**plain[0], **rest}
+
+
+def leaf_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in tree.items():
+        out += leaf_keys(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [prefix + k]
+    return out
+
+
+def is_shown(key: str, shown: list[str]) -> bool:
+    """Whether the form shows config key `key` (dotted): it, a section above it or a field below it is listed."""
+    return any(key == s or key.startswith(s + ".") or s.startswith(key + ".") for s in shown)
+
+
+def known_key(definitions: dict[str, Any], dotted: str) -> bool:
+    """Whether `section.field` (or a top-level key) is a PipelineConfig key, through the sections' `$ref`s."""
+    props = definitions["PipelineConfig"]["properties"]
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        ref = props.get(p, {}).get("$ref")
+        if not ref:
+            return False
+        props = definitions[ref.split("/")[-1]]["properties"]
+    return leaf in props
+
+
 def form_schema(flow: Any, d: dict[str, Any]) -> Any:
     """The flow's parameter schema as the deployment's UI form shows it: every parameter titled and described
     (descriptions come from the flow docstring's `Args:` section), `config.run_dir` required and empty (a run
@@ -142,17 +184,24 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
         prop["description"] = " ".join(prop["description"].split())
     config = schema.definitions.get("PipelineConfig")
     if config is not None and "config" in model_parameters(flow.fn):
+        plain_nullable(schema.definitions)
         shown = d.get("config_form")
         props = config["properties"]
-        unknown = sorted(set(shown or []) - set(props))
+        unknown = sorted(k for k in shown or [] if not known_key(schema.definitions, k))
         if unknown:
             raise SpecError(f"{where}: config_form names keys PipelineConfig does not have: {unknown}")
-        hidden = sorted(set((d.get("parameters") or {}).get("config") or {}) - set(shown or props))
-        if hidden:  # a value the deployment sets (e.g. stages: [convert]) must reach the run: the form shows it
-            raise SpecError(f"{where}: config_form must show the config keys its parameters set: {hidden}")
+        # A value the deployment sets but its form does not show (train.device: cuda) still reaches every run: it
+        # stays in the deployment's parameters (form_parameters) and the flow merges a run's config over them.
         if shown:
-            config["properties"] = props = {k: v for k, v in props.items() if k in shown}
+            config["properties"] = props = {k: v for k, v in props.items() if is_shown(k, shown)}
             config.pop("additionalProperties", None)  # callers (extract-fanout) pass the whole config
+            for key, prop in props.items():  # a section of which only some fields are listed shows only those
+                fields = [k.split(".", 1)[1] for k in shown if k.startswith(key + ".")]
+                if fields and key not in shown:
+                    section = schema.definitions[prop["$ref"].split("/")[-1]]
+                    section["properties"] = {k: v for k, v in section["properties"].items() if k in fields}
+                    section.pop("additionalProperties", None)
+                    section.pop("required", None)
         props["run_dir"].pop("default", None)
         props["run_dir"]["description"] = RUN_DIR_HELP
         config["required"] = sorted({*config.get("required", []), "run_dir"})
@@ -162,7 +211,7 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
                 who = f"the stages {stages} read" if "," in stages else f"the {stages} stage reads"
                 props[key]["title"] = title_of(key)  # the label the UI gives it anyway: "Extract"
                 props[key]["description"] = (
-                    f"{section.get('description', '')} Only {who} this section; its defaults suit a first run."
+                    f"{section.get('description', '')} Only {who} this section; its other keys: `Overrides`."
                 )
     return schema
 
@@ -170,15 +219,26 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
 def form_parameters(params: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     """The deployment's parameters as the form starts: without `config.run_dir` (the user names it; unless the
     spec itself gives one, as `grow` does with a `{model_sha}` template: its scheduled runs need it) and without
-    the config keys the form does not show."""
+    the config keys the form does not show, except those the deployment sets itself (the flow merges a run's
+    config over them, so they reach every run)."""
     if "config" not in params:
         return params
     shown = d.get("config_form")
-    own_run_dir = "run_dir" in ((d.get("parameters") or {}).get("config") or {})
-    config = {
-        k: v for k, v in params["config"].items() if (k != "run_dir" or own_run_dir) and (not shown or k in shown)
-    }
-    return {**params, "config": config}
+    own = set(leaf_keys((d.get("parameters") or {}).get("config") or {}))
+    config = {k: v for k, v in params["config"].items() if (k != "run_dir" or "run_dir" in own)}
+
+    def keep(tree: dict[str, Any], prefix: str) -> dict[str, Any]:
+        out = {}
+        for k, v in tree.items():
+            key = prefix + k
+            if isinstance(v, dict) and v and not any(key == s for s in shown or []):
+                if sub := keep(v, key + "."):
+                    out[k] = sub
+            elif any(key == s or key.startswith(s + ".") for s in shown or []) or key in own:
+                out[k] = v
+        return out
+
+    return {**params, "config": keep(config, "") if shown else config}
 
 
 # --- work pool and limits -------------------------------------------------------------------------------------
@@ -379,6 +439,20 @@ def apply(gpus: int | None, heartbeat_s: int, crash_after_s: int, spec_path: Pat
             print(f"automation     {automation.name}: {status} (deploy/automations/{path.name})")
 
 
+def apply_crash_automation(heartbeat_s: int, crash_after_s: int) -> int:
+    from prefect import get_client
+
+    try:
+        automation = crash_automation(heartbeat_s, crash_after_s)
+    except SpecError as e:
+        print(f"deployments: {e}", file=sys.stderr)
+        return 1
+    with get_client(sync_client=True) as client:
+        status = upsert_automation(client, automation, keep_enabled=False)
+    print(f"automation     {CRASH_AUTOMATION}: {status}")
+    return 0
+
+
 def show() -> None:
     from prefect import get_client
 
@@ -405,10 +479,15 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--crash-after-s", type=int, default=CRASH_AFTER_S, help="silence that marks a run Crashed")
     a.add_argument("--spec", type=Path, default=SPEC, help="deployments file (default deploy/prefect.yaml)")
     sub.add_parser("show", help="list what is registered")
+    c = sub.add_parser("crash-automation", help=f"create or update only the {CRASH_AUTOMATION} automation")
+    c.add_argument("--heartbeat-s", type=int, default=HEARTBEAT_S, help="flow-run heartbeat period (>= 30)")
+    c.add_argument("--crash-after-s", type=int, default=CRASH_AFTER_S, help="silence that marks a run Crashed")
     args = parser.parse_args(argv)
     if args.command == "show":
         show()
         return 0
+    if args.command == "crash-automation":
+        return apply_crash_automation(args.heartbeat_s, args.crash_after_s)
     if args.heartbeat_s < 30:
         parser.error("--heartbeat-s: Prefect sends flow-run heartbeats at most every 30 s")
     if args.gpus is not None and args.gpus < 1:

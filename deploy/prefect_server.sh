@@ -8,7 +8,8 @@
 #
 # Environment: PREFECT_HOME, PREFECT_SERVER_HOST (127.0.0.1), PREFECT_SERVER_PORT (4200),
 # PREFECT_BIN (<repo>/.venv/bin/prefect), PREFECT_SERVER_START_TIMEOUT (120 s), EAGLE3_STARTED_BY (what started
-# it, said again by `stop`: `make demo`, `make serve`, ...).
+# it, said again by `stop`: `make demo`, `make serve`, ...), EAGLE3_CRASH_AFTER_S (150: silence after which the
+# crash-zombie-runs automation, registered on every server started here, marks a flow run Crashed).
 #
 # The project's own server (PREFECT_HOME = <repo>/.prefect) also becomes the active project profile `eagle3`
 # in .prefect/profiles.toml (deploy/project_profile.py): prefect.toml points Prefect there, so `prefect ...`
@@ -31,6 +32,15 @@ API_URL="http://$([ "$HOST" = 0.0.0.0 ] && echo 127.0.0.1 || echo "$HOST"):$PORT
 healthy() { curl -fsS --max-time 2 "$HEALTH" >/dev/null 2>&1; }
 our_pid() { [ -f "$PID_FILE" ] && kill -0 "$(cat "$PID_FILE")" 2>/dev/null && cat "$PID_FILE"; }
 started_by() { cat "$BY_FILE" 2>/dev/null || echo "deploy/prefect_server.sh start"; }
+
+# Every server started here marks runs whose process died Crashed (their heartbeats stop; prefect.toml makes every
+# flow run of the project beat every 30 s), `make demo`'s as well as `make serve`'s. Not fatal: a server without
+# it still serves; the message says how to add it.
+crash_automation() {
+  PREFECT_API_URL="$API_URL" "$(dirname "$PREFECT_BIN")/python" deploy/deployments.py crash-automation \
+    ${EAGLE3_CRASH_AFTER_S:+--crash-after-s "$EAGLE3_CRASH_AFTER_S"} ||
+    echo "prefect_server: crash automation not registered; run: python deploy/deployments.py crash-automation" >&2
+}
 
 # The project's own server is what the project's commands reach (prefect.toml -> .prefect/profiles.toml).
 point_project_profile() {
@@ -76,6 +86,7 @@ start() {
   done
   echo "prefect server started (pid $(cat "$PID_FILE"), ${waited}s): UI http://$HOST:$PORT  API http://$HOST:$PORT/api"
   echo "  PREFECT_HOME=$PREFECT_HOME  log: $LOG_FILE"
+  crash_automation
   point_project_profile
 }
 

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config, run_dir_placeholders
 from eagle3.progress import Progress, ProgressFn
-from eagle3.store.paths import RunPaths
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -188,9 +187,12 @@ def report_flow_state(state: Any, store: Path, run_dir: str | Path) -> int:
 
 # retry -----------------------------------------------------------------------------------------
 def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
-    run_json = RunPaths(run_dir).run_json
-    if not run_json.is_file():
-        print(f"eagle3: {run_json} missing: nothing was extracted there, so nothing to retry", file=sys.stderr)
+    from eagle3.store.nearby import StoreMissingError, require_store
+
+    try:
+        require_store(run_dir, "nothing to retry")
+    except StoreMissingError as e:
+        print(f"eagle3: {e}", file=sys.stderr)
         return EXIT_USAGE
     api_url = prefect_api_url()
     problem = check_server(api_url)
@@ -207,26 +209,33 @@ def cmd_retry(run_dir: Path, shards: list[int] | None) -> int:
 
 
 # verify ----------------------------------------------------------------------------------------
+VERIFY_TABLE_WIDTH = 1000  # off a terminal: wide enough for a sample id and its first problem on one line
+
+
 def cmd_verify(run_dir: Path, *, quick: bool, shards: list[int] | None) -> int:
     from rich.console import Console
     from rich.table import Table
 
     from eagle3.store.lock import RunLockedError
+    from eagle3.store.nearby import StoreMissingError
     from eagle3.store.run_store import RunStore
     from eagle3.store.verify import VerifyError, verify_run
 
-    console = Console()
+    # Off a terminal (a pipe, a log, CI) rich would cut the table at 80 columns: there every row is one whole line.
+    console = Console() if sys.stdout.isatty() else Console(width=VERIFY_TABLE_WIDTH)
     try:
         progress = progress_printer(Console(stderr=True))
         report = verify_run(RunStore(run_dir), full=not quick, shards=shards, report=progress)
-    except (VerifyError, RunLockedError) as e:
+    except (VerifyError, StoreMissingError, RunLockedError) as e:
         print(f"eagle3: {e}", file=sys.stderr)
         return EXIT_USAGE
     rows = [s.row() for s in report.shards]
-    table = Table(*(rows[0].keys() if rows else ["shard"]))
+    table = Table()
+    for name in rows[0].keys() if rows else ["shard"]:
+        table.add_column(name, overflow="fold")  # on a terminal a long first problem wraps, never cut
     for r in rows:
         style = "red" if r["bad"] else ("yellow" if r["missing"] or r["orphans"] else None)
-        table.add_row(*(f"{v:05d}" if k == "shard" else str(v)[:80] for k, v in r.items()), style=style)
+        table.add_row(*(f"{v:05d}" if k == "shard" else str(v) for k, v in r.items()), style=style)
     console.print(table)
     # Every bad sample in full, one per line, as plain text: a table off a terminal is cut at 80 columns.
     for shard, sample_id, reason in report.bad_samples():

@@ -691,6 +691,25 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def override_items(overrides: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
+    """`key.sub=value` lines (`eagle3 run --set`, a deployment's `overrides`) as (dotted key, YAML value)."""
+    items = []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.sub=value")
+        key, value = item.split("=", 1)
+        items.append((key.strip(), yaml.safe_load(value)))
+    return items
+
+
+def overrides_tree(overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """The nested mapping the `key.sub=value` lines set."""
+    tree: dict[str, Any] = {}
+    for key, value in override_items(overrides):
+        _set_dotted(tree, key, value)
+    return tree
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> PipelineConfig:
     """Read YAML (or the defaults when path is None), apply `key.sub=value` overrides, validate."""
     raw: dict[str, Any] = {}
@@ -706,11 +725,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping, got {type(loaded).__name__}")
         raw = loaded or {}
-    for item in overrides or []:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} must look like key.sub=value")
-        key, value = item.split("=", 1)
-        _set_dotted(raw, key.strip(), yaml.safe_load(value))
+    for key, value in override_items(overrides or []):
+        _set_dotted(raw, key, value)
     try:
         return PipelineConfig.model_validate(raw)
     except ValidationError as e:

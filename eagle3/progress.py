@@ -16,6 +16,8 @@ class Progress:
     elapsed_s: float
     skipped: int = 0
     failed: int = 0
+    total_tokens: int = 0  # tokens of all `total` units, where the work is measured in tokens (0: not known)
+    settled_tokens: int = 0  # tokens of units finished without work this session (skipped ones, failed ones)
 
     @property
     def fraction(self) -> float:
@@ -27,6 +29,11 @@ class Progress:
 
     @property
     def eta_s(self) -> float | None:
+        """Seconds left: from the token rate where the total in tokens is known (one long sample then moves
+        the ETA by its length, not by one sample's share), else from the unit rate."""
+        if self.total_tokens > 0 and self.tokens > 0 and self.elapsed_s > 0:
+            left = max(0, self.total_tokens - self.settled_tokens - self.tokens)
+            return left * self.elapsed_s / self.tokens
         worked = self.done - self.skipped
         if worked <= 0 or self.elapsed_s <= 0:
             return None
@@ -59,17 +66,23 @@ class ProgressCounter:
     tokens: int = 0
     skipped: int = 0
     failed: int = 0
+    total_tokens: int = 0  # see Progress
+    settled_tokens: int = 0
     _start: float = field(default_factory=time.monotonic)
     _last: float = 0.0
 
     def snapshot(self) -> Progress:
+        elapsed = time.monotonic() - self._start
         return Progress(
-            self.stage, self.done, self.total, self.tokens, time.monotonic() - self._start, self.skipped, self.failed
-        )
+            self.stage, self.done, self.total, self.tokens, elapsed, self.skipped, self.failed,
+            self.total_tokens, self.settled_tokens,
+        )  # fmt: skip
 
-    def add(self, n: int = 1, tokens: int = 0, skipped: int = 0, failed: int = 0) -> None:
+    def add(self, n: int = 1, tokens: int = 0, skipped: int = 0, failed: int = 0, settled_tokens: int = 0) -> None:
+        """`n` units done: `tokens` of them by work, `settled_tokens` of skipped or failed ones."""
         self.done += n
         self.tokens += tokens
+        self.settled_tokens += settled_tokens
         self.skipped += skipped
         self.failed += failed
         now = time.monotonic()

@@ -8,6 +8,7 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from tasks.deployment_config import deployment_config
 from tasks.extract.open_run import disk_budget_task, open_run_task
 from tasks.extract.plan import ExtractSummary
 from tasks.extract.report import extract_outcome, outcomes, report_extract_task
@@ -19,7 +20,7 @@ from tasks.model import resolve_model_task, run_dir_task
 
 @flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
 @reports_failure
-def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
+def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> ExtractSummary | State:
     """model ─► hold run_dir ─► open run (run.json) ─► disk budget ─► shards, one per server at a time (each under
     its lease) ─► shards other runs held ─► shard table + summary ─► Failed if a shard failed
 
@@ -31,7 +32,12 @@ def extract_flow(config: PipelineConfig) -> ExtractSummary | State:
     Args:
         config: The run directory to extract (prepare must have run), the target model, the engine (`server`)
             and the extract settings (eagle3/config.py, docs/formats.md).
+        overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
+            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
     """
+    config, _ = deployment_config(
+        config, overrides
+    )  # a partial `config` keeps the deployment's own settings (extract-node's)
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     shared = config.extract.share_run_dir

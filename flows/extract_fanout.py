@@ -6,6 +6,7 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from tasks.deployment_config import deployment_config
 from tasks.extract.fanout import (
     FanoutSummary,
     fanout_outcome,
@@ -22,6 +23,7 @@ NODE_DEPLOYMENT = "extract/extract-node"
 @reports_failure
 def extract_fanout_flow(
     config: PipelineConfig,
+    overrides: tuple[str, ...] = (),
     work_queues: tuple[str, ...] = (),
     nodes: int = 2,
     deployment: str = NODE_DEPLOYMENT,
@@ -37,12 +39,15 @@ def extract_fanout_flow(
 
     Args:
         config: The run: its run directory, model and engine, and the extract settings every child uses.
+        overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
+            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
         work_queues: One child flow run per work queue, e.g. [node-1, node-2]: start each node's worker with
             `--work-queue <its queue>`. Empty: `nodes` children on the deployment's own queue.
         nodes: How many children to start when `work_queues` is empty.
         deployment: The deployment each child runs (flow/deployment); it must share the run directory.
         poll_s: Seconds between looks at the store and the children (progress, ETA, their states).
     """
+    config, _ = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     queues: list[str | None] = list(work_queues) if work_queues else [None] * nodes
     children = launch_children_task(config, deployment, queues)
     watch_children_task(config, children, poll_s)

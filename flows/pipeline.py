@@ -9,6 +9,7 @@ from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
+from tasks.deployment_config import deployment_config
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task, run_dir_task
@@ -19,7 +20,7 @@ from tasks.synthesize import synthesize_task
 
 @flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
 @reports_failure
-def pipeline(config: PipelineConfig) -> str | State:
+def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """[prompts] ─► prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─►
     evaluate ─► summary
 
@@ -30,7 +31,10 @@ def pipeline(config: PipelineConfig) -> str | State:
     Args:
         config: The run: its own run directory (the store), the target model, the stages, and one section of
             settings per stage (eagle3/config.py, docs/formats.md).
+        overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
+            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
     """
+    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once
     with flow_context() as ctx:  # one launch of each SGLang server for prompts, synthesize and extract; then stopped
@@ -44,4 +48,4 @@ def pipeline(config: PipelineConfig) -> str | State:
             extract_flow(config)  # a subflow: its own context shares these servers (tasks/flow_context.py)
     if "convert" in config.stages:
         convert_task(config)
-    return draft_stages(config, model_dir) or config.run_dir  # train, export, evaluate, the run summary
+    return draft_stages(config, model_dir, sources) or config.run_dir  # train, export, evaluate, the run summary

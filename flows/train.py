@@ -10,6 +10,8 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from eagle3.config_merge import ConfigSources
+from tasks.deployment_config import deployment_config
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
@@ -20,10 +22,11 @@ from tasks.train import train_task
 from tasks.train_fanout import train_on_nodes
 
 
-def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
+def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources) -> State | None:
     """The train, export and evaluate stages listed in `config.stages`, then promotion of the evaluated draft to
-    `draft/current` when it is not worse; Failed when the draft slows serving or a training node failed. With
-    train.nodes > 1 training is one `train-node` flow run per node (train.work_queues), watched here."""
+    `draft/current` when it is not worse, and the run summary (saying where the settings came from: `sources`);
+    Failed when the draft slows serving or a training node failed. With train.nodes > 1 training is one
+    `train-node` flow run per node (train.work_queues), watched here."""
     trained = None
     if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
         on_nodes = train_on_nodes(config)
@@ -32,20 +35,20 @@ def draft_stages(config: PipelineConfig, model_dir: str) -> State | None:
     elif "train" in config.stages:
         trained = train_task(config, model_dir)
     if trained is not None and trained.waiting:  # the store grew by fewer than train.min_new_tokens
-        run_summary_task(config)
+        run_summary_task(config, sources)
         return None
     if "export" in config.stages:
         export_task(config, model_dir)
     evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
     if evaluation is not None:
         promote_task(config, model_dir, evaluation)
-    run_summary_task(config)
+    run_summary_task(config, sources)
     return evaluation_outcome(config, evaluation)
 
 
 @flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
 @reports_failure
-def train_flow(config: PipelineConfig) -> str | State:
+def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
     stages listed in `config.stages` (others are ignored here). Returns the run directory; Failed when the
     live evaluation finds the draft slower than the plain target.
@@ -53,17 +56,22 @@ def train_flow(config: PipelineConfig) -> str | State:
     Args:
         config: The converted run directory to train on, the target model, and the train and evaluate settings
             (eagle3/config.py, docs/formats.md).
+        overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
+            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
     """
+    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
-    return draft_stages(config, model_dir) or config.run_dir
+    return draft_stages(config, model_dir, sources) or config.run_dir
 
 
 @flow(
     name="train-node", flow_run_name="train {config.run_dir} [node {config.train.node_rank}]", validate_parameters=True
 )
 @reports_failure
-def train_node_flow(config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = "gpu") -> str:
+def train_node_flow(
+    config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = "gpu", overrides: tuple[str, ...] = ()
+) -> str:
     """One node's torchrun of a multi-node training (the train-fanout flow starts one per node; export and
     evaluate run once, in the fan-out, after every node finished). Returns the run directory.
 
@@ -72,7 +80,9 @@ def train_node_flow(config: PipelineConfig, rendezvous_token: str = "", gpu_limi
         rendezvous_token: The launch whose rendezvous port node 0 publishes in `<run_dir>/train/rendezvous/` (the
             fan-out's flow run id). Empty: train.rdzv_endpoint must name the port.
         gpu_limit: This node's concurrency limit (`gpu-<work queue>`), held for `train.nproc` slots.
+        overrides: Any other setting, one `key.sub=value` per line, as `eagle3 run --set` takes them.
     """
+    config, _ = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)
     train_task(config, model_dir, rendezvous_token or None, gpu_limit)

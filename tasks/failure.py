@@ -31,8 +31,8 @@ FIRST_ERROR_CHARS = 2000
 #: The one thing to do when a stage fails, by the task (or subflow) that failed. `{run_dir}` is filled in.
 ADVICE = {
     "model": "Check `model`: a Hugging Face model directory with config.json and a tokenizer, or `demo`.",
-    "prepare": "Fix the dataset file or row the error names (or set `data.on_bad_row: skip` to skip bad rows), "
-    "then run again: prepare redoes only what changed.",
+    "prepare": "Fix what the first error names (the file, row or key), then run again: prepare redoes only what "
+    "changed.",
     "synthesize": "Fix the cause the error names, then run again: finished generations are kept and only the "
     "rest is generated.",
     "open-run": "The store in `{run_dir}` was made with other data or settings: give this run a new `run_dir`, "
@@ -55,8 +55,21 @@ ADVICE = {
     "launch-children": "Check that the child deployment exists and each node's worker pulls its work queue.",
     "watch-children": "Open the failed child flow runs (Subflow Runs) for their own `{key}-failure`.",
 }
-#: The flow's own failures before or between tasks, by exception class name.
+#: By exception class name, before the stage's advice: the flow's own failures before or between tasks, and the
+#: causes within a stage that need another fix than the stage's usual one.
 ERROR_ADVICE = {
+    "DatasetUnreadableError": "Check `data.dataset` (or `data.sources`): an existing .jsonl/.parquet file, a folder "
+    "or glob of them (relative to the project directory), or a Hugging Face dataset this node can reach; then run "
+    "again.",
+    "BadRowError": "Fix or drop the row the error names, or set `data.on_bad_row: skip` to skip bad rows (they are "
+    "listed in prepared/manifest.json); then run again: prepare redoes only what changed.",
+    "StoreMismatchError": "`{run_dir}` holds samples prepared from other data or settings: give this run a new "
+    "`run_dir` (it may hold {{date}} or {{model_sha}}), or run with the data settings it was prepared with "
+    "(`{run_dir}/prepared/manifest.json`).",
+    "NoStoreError": "`{run_dir}` holds no store: give `run_dir` the directory a pipeline run wrote (it has "
+    "run.json and prepared/; the first error names the stores nearby). There is nothing here to verify or retry.",
+    "NothingExtractedError": "`{run_dir}` was prepared but never extracted: run the extract deployment (or the "
+    "pipeline with the extract stage) on it first; verify and retry-failed work on extracted samples.",
     "RunLockedError": "Another run holds `{run_dir}` (the error names it): wait for it to finish, or cancel it, "
     "or give this run another `run_dir`.",
     "RunLockLostError": "Another run took over `{run_dir}`: let it finish, then run again.",

@@ -150,10 +150,23 @@ class TaskProgress:
         self._beat.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self._stop.set()
         if self._beat is not None:
             self._beat.join(timeout=10)
+        if isinstance(exc, Exception):  # the artifact must not stay at `started` or at its last figures
+            self.fail(exc)
+
+    def fail(self, error: BaseException) -> None:
+        """The artifact and the log say the step Failed, with its last figures and the error's first line."""
+        p = self.last
+        figures = describe(p.done, p.total, self.unit, p.tokens_per_s, None) if p else "no figures yet"
+        reason = (str(error).strip().splitlines() or [""])[0][:200]
+        text = (
+            f"Failed after {format_eta(time.monotonic() - self._started)}: {type(error).__name__}: {reason} ({figures})"
+        )
+        self.own.update(100 * p.fraction if p else 0.0, text, force=True)
+        self.logger.error("%s %s", self.label, text)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(min(self.heartbeat_s, 1.0)):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -11,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from eagle3.config import PipelineConfig
 from eagle3.progress import Progress
 from eagle3.store.failed_shards import plan_retry_samples
+from eagle3.store.nearby import NothingExtractedError, require_store
 from eagle3.store.run_store import RunStore
 from tasks.artifacts import run_key, table_artifact
 from tasks.progress import TaskProgress
@@ -23,12 +23,10 @@ def run_config_task(run_dir: str) -> PipelineConfig:
     """The config the run directory was extracted with (run.json), pointed at `run_dir` as it is now (a store
     may have moved) and at the model directory run.json recorded (open-run checks its fingerprint)."""
     store = RunStore(run_dir)
+    require_store(store.root, "nothing to retry")  # a wrong path says so (with the stores nearby)
     info = store.read_run_info()
     if info is None:
-        raise FileNotFoundError(
-            f"{store.run_json} missing: nothing was extracted into {Path(run_dir).resolve()} yet, so there is "
-            "nothing to retry; run the pipeline (`eagle3 run CONFIG`)"
-        )
+        raise NothingExtractedError(f"{store.run_json} missing: nothing was extracted into {run_dir}; nothing to retry")
     return PipelineConfig.model_validate({**info.config, "run_dir": run_dir, "model": info.model_path})
 
 

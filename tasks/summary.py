@@ -8,6 +8,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
+from eagle3.config_merge import ConfigSources
 from eagle3.convert.stage import read_convert_result
 from eagle3.draft.checkpoint import read_latest
 from eagle3.evaluate.live import read_live_result
@@ -93,11 +94,13 @@ def draft_rows(store: RunStore) -> list[tuple[str, str]]:
     return rows
 
 
-def summary_markdown(config: PipelineConfig, store: RunStore) -> str:
+def summary_markdown(config: PipelineConfig, store: RunStore, sources: ConfigSources | None = None) -> str:
     lines = [
         f"# Run `{store.root.resolve()}`",
         "",
         f"Stages of this flow run: {', '.join(config.stages)}",
+        "",
+        *(f"- {line}" for line in (sources or ConfigSources()).lines()),
         "",
         "| | |",
         "|---|---|",
@@ -110,9 +113,12 @@ def summary_markdown(config: PipelineConfig, store: RunStore) -> str:
 
 
 @task(name="run-summary", retries=1, retry_delay_seconds=2, timeout_seconds=120, cache_policy=NO_CACHE)
-def run_summary_task(config: PipelineConfig) -> str:
-    """The run's last artifact (`<run>-run-summary`): the store, what each stage left there and where the
-    draft and the evaluation are; links to the stage artifacts in the UI. Returns the artifact key."""
+def run_summary_task(config: PipelineConfig, sources: ConfigSources | None = None) -> str:
+    """The run's last artifact (`<run>-run-summary`): the store, which settings came from where (`sources`),
+    what each stage left there and where the draft and the evaluation are; links to the stage artifacts in the
+    UI. Returns the artifact key."""
     key = run_key(config.run_dir, "run-summary")
-    markdown_artifact(key, summary_markdown(config, RunStore(config.run_dir)), f"Run summary of {config.run_dir}")
+    markdown_artifact(
+        key, summary_markdown(config, RunStore(config.run_dir), sources), f"Run summary of {config.run_dir}"
+    )
     return key

@@ -36,7 +36,11 @@ def synthesize_task(config: PipelineConfig, model_dir: str, ctx: FlowContext) ->
     if config.server.engine == "sglang":
         reap_orphan_servers(config.run_dir)  # before this run's servers launch on the same ports
         servers = ctx.server_pool(config, model_dir).sglang_servers()
-    result = synthesize(config, RunStore(config.run_dir), Path(model_dir), report, servers=servers)
+    try:
+        result = synthesize(config, RunStore(config.run_dir), Path(model_dir), report, servers=servers)
+    except Exception as e:  # the progress artifact says Failed, not its last figures
+        report.fail(e)
+        raise
     manifest, summary = result.manifest, result.summary
     logger.info(
         "synthesized %d samples (%d tokens, %d loss tokens) in %d shards; %s",

@@ -203,13 +203,18 @@ def train_task(
         code = proc.returncode
     reporter.poll()
     reporter.publish()
+    error = None
     if code != 0:
         tail = "\n".join(proc.tail[-15:])
         where = f" on node {node} of {config.train.nodes}" if config.train.nodes > 1 else ""
-        raise TrainFailedError(f"torchrun exited with {code}{where}; whole log: {log_path}; last lines:\n{tail}")
-    ckpt = finished_checkpoint(out, config.train)
-    if ckpt is None:
-        raise TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")
+        error = TrainFailedError(f"torchrun exited with {code}{where}; whole log: {log_path}; last lines:\n{tail}")
+    ckpt = finished_checkpoint(out, config.train) if error is None else None
+    if error is None and ckpt is None:
+        error = TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")
+    if error is not None:
+        reporter.progress.fail(error)  # the progress artifact says Failed, not its last step
+        raise error
+    assert ckpt is not None
     return summary(out, ckpt, launched=True, last=reporter.last, reason=plan.reason)
 
 

@@ -41,6 +41,18 @@ class PrepareError(RuntimeError):
     """The dataset cannot be prepared; the message names the file, row or key and the fix."""
 
 
+class DatasetUnreadableError(PrepareError):
+    """The dataset itself cannot be found or read (no such file, folder, split or Hub dataset)."""
+
+
+class BadRowError(PrepareError):
+    """A row of the dataset is bad and `data.on_bad_row` is `fail`."""
+
+
+class StoreMismatchError(PrepareError):
+    """The run directory holds samples prepared from other data or settings."""
+
+
 @dataclass(frozen=True)
 class RawRow:
     """One input row, or the reason it could not even be read (bad JSON, bad UTF-8)."""
@@ -83,7 +95,7 @@ def source_files(data: DataConfig) -> list[SourceFile]:
             return list_source_files(data.dataset)
         return [_source_unit(i, s) for i, s in enumerate(data_sources(data))]
     except (SourceError, HubSourceError) as e:
-        raise PrepareError(str(e)) from None
+        raise DatasetUnreadableError(str(e)) from None
 
 
 def dataset_fingerprint(data: DataConfig, files: list[SourceFile] | None = None) -> str:
@@ -151,7 +163,7 @@ def _read_saved(path: Path, split: str) -> tuple[int, Iterator[RawRow]]:
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise PrepareError(f"{path}: no split {split!r} (splits: {sorted(loaded)}); set data.split")
+            raise DatasetUnreadableError(f"{path}: no split {split!r} (splits: {sorted(loaded)}); set data.split")
         loaded = loaded[split]
     ds: Any = loaded
     return len(ds), (RawRow(str(path), i, dict(row)) for i, row in enumerate(ds))
@@ -168,7 +180,7 @@ def _read_local(source: DataSource, files: list[SourceFile] | None) -> tuple[int
     try:
         listed = list_source_files(source.dataset) if files is None or is_saved_dataset(path) else files
     except SourceError as e:
-        raise PrepareError(str(e)) from None
+        raise DatasetUnreadableError(str(e)) from None
     if is_saved_dataset(path):
         return _read_saved(path, source.split)
     return _chain([_read_file(f.path, f.name) for f in listed])
@@ -181,7 +193,7 @@ def _read_source(source: DataSource) -> tuple[int, Iterator[RawRow]]:
         try:
             ds = load_hub(source)
         except HubSourceError as e:
-            raise PrepareError(str(e)) from None
+            raise DatasetUnreadableError(str(e)) from None
         name = hub_name(source)
         total, rows = len(ds), (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
     else:
@@ -300,7 +312,7 @@ def _tokenize_rows(
             tok = chat.tokenize(messages, data.max_length, data.truncate)
         except RowError as e:
             if data.on_bad_row == "fail":
-                raise PrepareError(
+                raise BadRowError(
                     f"{raw.file}: row {raw.row}: {e}. Fix or drop the row, or set data.on_bad_row=skip "
                     "to skip bad rows and list them in prepared/manifest.json"
                 ) from None
@@ -424,12 +436,12 @@ def _can_grow(old: PreparedManifest, store: RunStore, tok_sha: str, data: DataCo
     if old.dataset.startswith(SYNTH):
         return False  # synthesize owns prepared/ (it prepares the source again and regenerates)
     if missing:
-        raise PrepareError(
+        raise StoreMismatchError(
             f"{missing[0]}: prepared shard missing in a store that has extracted samples ({store.run_json}); "
             "restore it, or choose a new run_dir"
         )
     if diffs:
-        raise PrepareError(
+        raise StoreMismatchError(
             f"{store.root} holds samples prepared differently:\n  " + "\n  ".join(diffs) + "\n"
             "New samples would be mixed with these. Choose a new run_dir for the new settings (run_dir may "
             "contain {date} or {model_sha}: docs/formats.md)."

@@ -172,8 +172,9 @@ def extract_shard(
     old = store.read_manifest(shard)
     manifest = ShardManifest(shard=shard, status="running", expected=len(samples))
     todo = adopt_existing(store, shard, samples, info, old, manifest)
-    progress = ProgressCounter("extract", len(samples), report)
-    progress.add(len(samples) - len(todo), skipped=len(samples) - len(todo))
+    progress = ProgressCounter("extract", len(samples), report, total_tokens=sum(map(len, samples)))  # ETA by tokens
+    skipped_tokens = sum(map(len, samples)) - sum(map(len, todo))
+    progress.add(len(samples) - len(todo), skipped=len(samples) - len(todo), settled_tokens=skipped_tokens)
     if not todo and old is not None and old.status == "complete" and old.samples.keys() == manifest.samples.keys():
         progress.finish()
         return old
@@ -275,7 +276,7 @@ def run_engine(
         for outcome in engine.extract(todo):
             if isinstance(outcome, Failed):
                 manifest.errors[outcome.sample.sample_id] = outcome.reason
-                progress.add(failed=1)
+                progress.add(failed=1, settled_tokens=len(outcome.sample))
             else:
                 writer.submit(outcome)
             record_results(writer.results(), manifest, progress)
@@ -295,7 +296,7 @@ def record_results(results: list[Written], manifest: ShardManifest, progress: Pr
             progress.add(tokens=r.entry.num_tokens)
         else:
             manifest.errors[r.sample.sample_id] = r.error or "unknown error"
-            progress.add(failed=1)
+            progress.add(failed=1, settled_tokens=len(r.sample))
 
 
 # the background writer -------------------------------------------------------------------

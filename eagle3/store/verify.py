@@ -26,6 +26,7 @@ from safetensors import safe_open
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import fsync_dir, remove_stale_temps
 from eagle3.store.lock import RunLock
+from eagle3.store.nearby import NoStoreError, require_store
 from eagle3.store.paths import QUARANTINE_DIR, SAMPLE_SUFFIX, RunPaths
 from eagle3.store.run_store import PreparedSample, RunInfo, RunStore, SampleEntry, ShardManifest, ShardStatus
 from eagle3.store.sample_format import SampleFormatError, check_header, record_of, verify_sample
@@ -135,12 +136,11 @@ def verify_run(
 
     Takes the run lock (a run that is extracting into the store is refused with RunLockedError); pass
     lock=False when the caller already holds it."""
+    require_store(store.root, "nothing to verify")  # NoStoreError / NothingExtractedError, with stores nearby
     info = store.read_run_info()
     prepared = store.read_prepared_manifest()
-    if prepared is None:
-        raise VerifyError(f"{store.prepared_dir}/manifest.json missing: nothing to verify (run prepare first)")
-    if info is None:
-        raise VerifyError(f"{store.run_json} missing: nothing was extracted into {store.root} yet")
+    if prepared is None or info is None:
+        raise NoStoreError(f"{store.root}: run.json without prepared/manifest.json; nothing to verify")
     wanted = list(range(len(prepared.shards))) if shards is None else shards
     unknown = [s for s in wanted if not 0 <= s < len(prepared.shards)]
     if unknown:

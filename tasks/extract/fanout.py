@@ -28,6 +28,7 @@ from prefect.states import Failed, State
 from pydantic import BaseModel
 
 from eagle3.config import PipelineConfig
+from eagle3.config_merge import without_nulls
 from eagle3.extract.shard import samples_on_disk
 from eagle3.store.run_store import RunStore
 from tasks.artifacts import markdown_artifact, run_key, table_artifact
@@ -82,7 +83,7 @@ def launch_children_task(config: PipelineConfig, deployment: str, work_queues: l
             "prepare`); the fan-out only extracts"
         )
     parent = flow_run.get_id() or "local"
-    params = {"config": child_config(config).model_dump(mode="json")}
+    params = {"config": without_nulls(child_config(config).model_dump(mode="json"))}  # the node form's schema: no nulls
     children = []
     for i, queue in enumerate(work_queues):
         run = run_deployment(  # sync here: returns the new FlowRun

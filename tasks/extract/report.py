@@ -93,13 +93,28 @@ class RunProgressBoard:
             done = sum(x.done for x in self.shards.values())
             worked = sum(x.done - x.skipped for x in self.shards.values())
             tokens = sum(x.tokens for x in self.shards.values())
+            eta_tokens = self.tokens_left(tokens)
         elapsed = max(1e-9, time.monotonic() - self.start)
         rate = worked / elapsed if worked > 0 else 0.0
-        eta = (self.ref.total - done) / rate if rate > 0 else None
+        if eta_tokens is not None and tokens > 0:  # the work is prefill tokens: one long sample moves it by its length
+            eta: float | None = eta_tokens * elapsed / tokens
+        else:
+            eta = (self.ref.total - done) / rate if rate > 0 else None
         final = done >= self.ref.total
         fraction = done / self.ref.total if self.ref.total else 1.0
         text = describe(done, self.ref.total, "samples", tokens / elapsed, eta)
         self.artifact.update(100 * fraction, text, force=final)
+
+    def tokens_left(self, tokens: int) -> int | None:
+        """Tokens still to extract: the shards that reported know theirs; the others are estimated at the same
+        tokens per sample. None before any shard reported its tokens."""
+        units = sum(x.total for x in self.shards.values())
+        known = sum(x.total_tokens for x in self.shards.values())
+        if units <= 0 or known <= 0:
+            return None
+        total = known * self.ref.total / units
+        settled = sum(x.settled_tokens for x in self.shards.values())
+        return max(0, round(total - settled - tokens))
 
 
 # the report task -------------------------------------------------------------------------------------------

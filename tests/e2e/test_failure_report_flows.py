@@ -33,9 +33,9 @@ def test_a_prepare_failure_names_the_stage_the_missing_file_and_the_fix(prefect_
     cfg = load_config(None, [f"run_dir={run_dir}", f"data.dataset={missing}", "stages=[prepare]"])
     message, markdown = failure_of(pipeline(cfg, return_state=True), run_dir)
     assert message.startswith("prepare failed: ") and str(missing) in message
-    assert "What to do: Fix the dataset file or row the error names" in message
+    assert "What to do: Check `data.dataset`" in message and "on_bad_row" not in message  # no row was read
     assert "**What failed:** the `prepare` task (stage `prepare`) of flow run `pipeline " in markdown
-    assert str(missing) in markdown and "**What to do:** Fix the dataset file" in markdown
+    assert str(missing) in markdown and "**What to do:** Check `data.dataset`" in markdown
 
 
 def test_a_verify_that_finds_bad_samples_points_to_the_retry_failed_deployment(
@@ -59,5 +59,5 @@ def test_a_failure_of_the_flow_itself_is_reported_with_its_error(prefect_server:
     run_dir = tmp_path / "never-extracted"
     run_dir.mkdir()
     message, markdown = failure_of(retry_failed_flow(str(run_dir), return_state=True), run_dir)
-    assert message.startswith("run-config failed: FileNotFoundError: ") and "run.json missing" in message
-    assert "Give the run directory of an extraction that started" in markdown
+    assert message.startswith("run-config failed: NoStoreError: ") and "is not a store" in message
+    assert f"`{run_dir}` holds no store" in markdown and "nothing here to verify or retry" in markdown

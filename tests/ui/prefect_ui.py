@@ -77,6 +77,18 @@ def remove_tags(scope: Page | Locator, label: str, keep: list[str]) -> None:
     expect(tags).to_have_count(len(keep))
 
 
+def add_items(scope: Page | Locator, label: str, values: list[str]) -> None:
+    """In a list-of-strings field (e.g. a flow's `overrides`: "No items in this list", an "Add item" button), add
+    one item per value and type it."""
+    p = body(prop(scope, label))
+    expect(p).to_be_visible()
+    fields = p.locator("xpath=.//*[self::textarea or self::input]")
+    for i, value in enumerate(values):
+        p.get_by_role("button", name="Add item").click()
+        expect(fields).to_have_count(i + 1)
+        fields.nth(i).fill(value)
+
+
 # --- deployments and runs -------------------------------------------------------------------------------------
 
 

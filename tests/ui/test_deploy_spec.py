@@ -87,6 +87,17 @@ def test_the_crash_automation_needs_at_least_two_heartbeats() -> None:
         d.crash_automation(30, 45)
 
 
+def test_every_flow_run_of_the_project_beats_as_often_as_the_crash_automation_expects() -> None:
+    """prefect.toml sets the heartbeat of every flow run started in the project (`eagle3 run` too); Prefect's
+    default, 180 s, would let the automation mark live runs Crashed."""
+    import tomllib
+
+    d = deployments_module()
+    toml = tomllib.loads((REPO / "prefect.toml").read_text())
+    assert toml["flows"]["heartbeat_frequency"] == d.HEARTBEAT_S
+    assert d.CRASH_AFTER_S >= 2 * d.HEARTBEAT_S
+
+
 def deployment_forms() -> list[tuple[str, dict[str, Any], Any, dict[str, Any]]]:
     """(name, spec entry, form schema, form parameters) of every deployment in deploy/prefect.yaml."""
     from prefect.flows import load_flow_from_entrypoint
@@ -139,31 +150,45 @@ def test_every_form_requires_its_own_run_dir_and_starts_without_one() -> None:
         assert "run_dir" not in params["config"], f"{name}: the form would start with a run directory"
 
 
-def test_a_form_shows_every_config_key_its_deployment_sets() -> None:
+def test_the_config_a_deployment_sets_stays_in_its_parameters_shown_or_not() -> None:
+    """The flow merges a run's config over these (tasks/deployment_config.py): convert's stages: [convert] and
+    train's cuda devices reach every run, also when the form does not show them."""
     forms = deployment_forms()
-    for name, entry, schema, params in forms:
-        given = (entry.get("parameters") or {}).get("config") or {}
-        assert set(given) <= set(schema.definitions.get("PipelineConfig", {}).get("properties", {})), name
-        assert set(given) <= set(params.get("config", {})), name  # e.g. convert's stages: [convert] reaches the run
+    for name, entry, _, params in forms:
+        own = leaf((entry.get("parameters") or {}).get("config") or {})
+        assert set(own) <= set(leaf(params.get("config", {}))), name
     convert = next(p for n, _, _, p in forms if n == "convert")
     assert convert["config"]["stages"] == ["convert"]
-    d = deployments_module()
-    spec = {"name": "bad", "entrypoint": "flows/pipeline.py:pipeline", "config_form": ["run_dir"],
-            "parameters": {"config": {"stages": ["convert"]}}}  # fmt: skip
-    from prefect.flows import load_flow_from_entrypoint
-
-    with pytest.raises(d.SpecError, match=r"config_form must show the config keys its parameters set: \['stages'\]"):
-        d.form_schema(load_flow_from_entrypoint(str(REPO / spec["entrypoint"])), spec)
+    train = next(p for n, _, _, p in forms if n == "train")
+    assert train["config"]["server"] == {"device": "cuda"} and train["config"]["evaluate"] == {"device": "cuda"}
 
 
 def test_each_form_shows_only_the_config_its_stages_read() -> None:
     shown = {n: set(s.definitions["PipelineConfig"]["properties"]) for n, _, s, _ in deployment_forms() if
              "config" in s.properties}  # fmt: skip
-    assert shown["pipeline"] == {"run_dir", "model", "data_dir", "stages", "data", "synthesize", "server", "extract",
-                                 "disk"}  # fmt: skip
-    assert shown["extract"] == {"run_dir", "model", "data_dir", "server", "extract", "disk"}
-    assert shown["train"] >= {"train", "evaluate"} and not shown["train"] & {"data", "synthesize", "extract"}
-    assert shown["convert"] == {"run_dir", "model", "data_dir", "stages", "train"}
+    assert shown["pipeline"] == {"run_dir", "model", "stages", "data"}
+    assert shown["extract"] == {"run_dir", "model", "server"}
+    assert shown["train"] == {"run_dir", "model", "train"}
+    assert shown["convert"] == {"run_dir", "model", "stages"}
+
+
+def test_each_form_holds_a_handful_of_fields_and_the_rest_in_overrides() -> None:
+    """Issue 34: the pipeline form had 61 fields, grow 120; now what a first run changes, the rest by name."""
+    for name, entry, schema, params in deployment_forms():
+        if "config" not in schema.properties:
+            continue
+        fields = [f for f, prop in visible_fields(schema) if "$ref" not in prop]
+        assert len(fields) <= 9, f"{name}: {len(fields)} fields: {fields}"
+        assert "overrides" in schema.properties, name
+        own = leaf(entry.get("parameters", {}).get("config") or {})
+        assert set(leaf(params["config"])) - set(own) <= {f.removeprefix("config.") for f in fields}, name
+
+
+def leaf(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in tree.items():
+        out += leaf(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k]
+    return out
 
 
 def doc_deployments() -> set[tuple[str, str]]:

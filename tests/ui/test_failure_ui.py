@@ -47,11 +47,11 @@ def test_a_failed_run_shows_its_reason_on_its_page_and_in_its_failure_artifact(
     if more.count():  # the Details panel truncates a long message
         more.first.click()
     expect(reason).to_contain_text(str(missing))
-    expect(reason).to_contain_text("What to do: Fix the dataset file or row the error names")
+    expect(reason).to_contain_text("What to do: Check `data.dataset`")
     shot(page, "14-run-failed-details")
 
     open_artifact(page, f"{run_dir.name}-failure")
     expect(page.get_by_text("What failed:", exact=False).first).to_be_visible()
     expect(page.get_by_text("What to do:", exact=False).first).to_be_visible()
-    expect(page.get_by_text("Fix the dataset file or row the error names", exact=False).first).to_be_visible()
+    expect(page.get_by_text("Check `data.dataset`", exact=False).first).to_be_visible()
     shot(page, "15-failure-artifact")

@@ -20,6 +20,7 @@ from playwright.sync_api import Page, expect
 
 from tests.ui.conftest import Served
 from tests.ui.prefect_ui import (
+    add_items,
     deployment_link,
     fill,
     open_artifact,
@@ -60,10 +61,9 @@ def fill_pipeline_form(page: Page, run_dir: Path, stages: list[str]) -> None:
     """Non-default parameters: the run directory, the stages, 4 samples in shards of 2, no shard retries."""
     fill(page, "Run Dir", str(run_dir))
     remove_tags(page, "Stages", keep=stages)
-    fill(page, "Max Samples", "4")
-    fill(page, "Shard Size", "2")
-    fill(page, "Max Length", "512")
-    fill(prop(page, "Extract"), "Shard Retries", "0")
+    # the keys the form does not show, as `key.sub=value` lines (the flows' `overrides`)
+    add_items(page, "Overrides", ["data.max_samples=4", "data.shard_size=2", "data.max_length=512",
+                                 "extract.shard_retries=0"])  # fmt: skip
     prop(page, "Run Dir").scroll_into_view_if_needed()
 
 
@@ -72,10 +72,11 @@ def check_form_parameters(url: str, run_dir: Path, stages: list[str]) -> None:
     from prefect import get_client
 
     with get_client(sync_client=True) as client:
-        config = client.read_flow_run(uuid.UUID(url.rstrip("/").split("/")[-1])).parameters["config"]
+        params = client.read_flow_run(uuid.UUID(url.rstrip("/").split("/")[-1])).parameters
+    config = params["config"]
     assert config["run_dir"] == str(run_dir) and config["stages"] == stages
-    assert (config["data"]["max_samples"], config["data"]["shard_size"], config["data"]["max_length"]) == (4, 2, 512)
-    assert config["extract"]["shard_retries"] == 0
+    assert params["overrides"] == ["data.max_samples=4", "data.shard_size=2", "data.max_length=512",
+                                   "extract.shard_retries=0"]  # fmt: skip
 
 
 def test_make_serve_registers_the_pool_limits_deployments_schedule_and_automations(served: Served) -> None:

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import load_config
+from eagle3.data.prepare import BadRowError, DatasetUnreadableError, PrepareError, StoreMismatchError
+from eagle3.store.nearby import NoStoreError, NothingExtractedError
 from tasks.failure import advice, failed_task, first_error, stage_of
 
 
@@ -34,3 +36,39 @@ def test_the_first_error_is_one_line_and_bounded() -> None:
     assert first_error(ValueError("bad\n  row 3"), None) == "ValueError: bad row 3"
     assert first_error(None, "shards [1] did not complete") == "shards [1] did not complete"
     assert len(first_error(None, "x" * 10_000)) == 2000
+
+
+@pytest.mark.parametrize(
+    ("stage", "error", "says", "never"),
+    [
+        ("prepare", DatasetUnreadableError("data/x.jsonl: no such file"), "Check `data.dataset`", "on_bad_row"),
+        ("prepare", BadRowError("data/x.jsonl: row 3: no messages"), "`data.on_bad_row: skip`", "data.dataset"),
+        (
+            "prepare",
+            StoreMismatchError("holds samples prepared differently"),
+            "give this run a new `run_dir`",
+            "on_bad_row",
+        ),
+        ("prepare", PrepareError("something else"), "Fix what the first error names", "on_bad_row"),
+        ("verify", NoStoreError("data/runs/x does not exist"), "holds no store", "Run the retry-failed"),
+        ("verify", NothingExtractedError("run.json missing"), "never extracted", "Run the retry-failed"),
+        ("run-config", NoStoreError("data/runs/x does not exist"), "holds no store", "e.g. data/runs/demo"),
+        ("verify", None, "Run the retry-failed deployment", "holds no store"),  # bad samples found: retry them
+    ],
+    ids=[
+        "dataset-missing",
+        "bad-row",
+        "store-mismatch",
+        "prepare-other",
+        "verify-no-store",
+        "verify-not-extracted",
+        "retry-no-store",
+        "verify-bad-samples",
+    ],
+)
+def test_what_to_do_is_chosen_by_the_errors_cause(
+    stage: str, error: BaseException | None, says: str, never: str
+) -> None:
+    text = advice(stage, error, "data/runs/x")
+    assert says in text and never not in text
+    assert "{" not in text.replace("{date}", "").replace("{model_sha}", "")  # every placeholder filled in

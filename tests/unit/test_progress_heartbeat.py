@@ -66,3 +66,20 @@ def test_the_final_figure_is_the_steps_own(api: FakeApi) -> None:
             report(Progress("train", step, 5, 1000 * step, float(step)))
     last: Any = api.calls[-1]
     assert last[1] == 100.0 and last[2].startswith("5/5 steps, 1000 tok/s")
+
+
+def test_a_step_that_fails_leaves_its_artifact_saying_failed_with_the_error(
+    api: FakeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = prog.TaskProgress(logging.getLogger("t"), "prepare", key="k", unit="rows", heartbeat_s=30)
+    with pytest.raises(FileNotFoundError), report:
+        raise FileNotFoundError("data/x.jsonl: no such file\nsecond line")
+    last = api.calls[-1][2]
+    assert last.startswith("Failed after ") and "FileNotFoundError: data/x.jsonl: no such file (no figures yet)" in last
+    assert "started" not in last and "second line" not in last
+    report = prog.TaskProgress(logging.getLogger("t"), "train", key="k2", unit="steps", heartbeat_s=30)
+    with report:
+        report(Progress("train", 3, 10, 300, 3.0))
+    report.fail(RuntimeError("torchrun exited with 1"))  # a failure found after the step's `with` (tasks/train.py)
+    assert api.calls[-1][1] == 30.0
+    assert api.calls[-1][2].endswith("RuntimeError: torchrun exited with 1 (3/10 steps, 100 tok/s, ETA ?)")

@@ -12,6 +12,7 @@ import torch
 from eagle3.extract.shard import extract_shard
 from eagle3.store.failed_shards import failed_shards, missing_samples, plan_retry, plan_retry_samples, shard_summaries
 from eagle3.store.lock import RunLock, RunLockedError
+from eagle3.store.nearby import NoStoreError, NothingExtractedError
 from eagle3.store.run_store import RunInfo, RunStore
 from eagle3.store.sample_format import encode_sample, write_sample
 from eagle3.store.verify import QUARANTINE, VerifyError, verify_run
@@ -163,11 +164,13 @@ def test_verify_refuses_while_a_run_holds_the_directory(filled: tuple[RunStore, 
 
 
 def test_verify_names_what_is_missing_when_there_is_nothing_to_verify(tmp_path: Path) -> None:
-    with pytest.raises(VerifyError, match="prepare"):
+    with pytest.raises(NoStoreError, match=r"is not a store \(no prepared/manifest\.json"):
         verify_run(RunStore(tmp_path))
     store, _ = make_store(tmp_path / "run", LENGTHS)
+    with pytest.raises(NoStoreError, match=r"run-typo does not exist: nothing to verify\. Did you mean `.*/run`\?"):
+        verify_run(RunStore(tmp_path / "run-typo"))
     store.run_json.unlink()
-    with pytest.raises(VerifyError, match=r"run\.json missing"):
+    with pytest.raises(NothingExtractedError, match=r"run\.json missing: .* nothing was extracted"):
         verify_run(store)
     store, _ = make_store(tmp_path / "run", LENGTHS)
     with pytest.raises(VerifyError, match=r"shards \[7\] do not exist"):

@@ -35,3 +35,19 @@ def test_every_bad_sample_is_printed_in_full_with_its_reason_and_how_to_redo_it(
     assert "bad: s0-000 (shard 0), s0-002 (shard 0), s1-001 (shard 1)" in summary
     assert f"to redo these 3 samples, run the retry-failed deployment with run_dir {store.root}" in summary
     assert f"`eagle3 retry {store.root}`" in summary and "the 3 samples" not in summary
+
+
+def test_off_a_terminal_the_tables_first_problem_column_is_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "80")  # what a pipe or a CI log gets
+    store, info = make_store(tmp_path / "run", [[6, 9]])
+    assert extract_shard(store, 0, ScriptedEngine(info), info).status == "complete"
+    path = store.sample_path(0, "s0-001")
+    path.write_bytes(path.read_bytes()[:-10])
+    assert cli.main(["verify", str(store.root)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    (reason,) = [line.split(": ", 1)[1] for line in lines if line.startswith("bad sample ")]
+    (row,) = [line for line in lines if line.startswith("│ 00000")]
+    assert f"s0-001: {reason}" in row  # the shard's row, on one line, its first problem whole
+    assert len(row) > 80
