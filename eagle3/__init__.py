@@ -16,6 +16,7 @@ checks these lines and each package's own "May import:" line; lower lines never 
     progress, device, versions:  nothing
     config:       eagle3.store
     model_files:  eagle3.store
+    tiny_models:  eagle3.store, eagle3.model_files
     doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
     cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.doctor
 

@@ -19,7 +19,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from eagle3.model_files import TOKENIZER_FILES, ModelError, ensure_demo_model, model_fingerprint
+from eagle3.model_files import (
+    TESTED_ARCHITECTURES,
+    TOKENIZER_FILES,
+    ModelError,
+    ensure_demo_model,
+    model_fingerprint,
+)
 from eagle3.store.fsio import atomic_write_json, fsync_dir
 
 #: Bumped when a recipe below changes, so cached directories are rebuilt.
@@ -44,8 +50,8 @@ _COMMON: dict[str, Any] = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
 }
 
-#: architecture -> (transformers config class, overrides of _COMMON). 6 layers: aux layers (2, 3, 3) would not be
-#: strictly increasing with 4, and the EAGLE-3 default (2, L//2, L-3) on 6 is (2, 3, 3)... so 8 for all.
+#: architecture -> (transformers config class, overrides of _COMMON). 8 layers: the EAGLE-3 default aux layers
+#: (2, L//2, L-3) are then (2, 4, 5), three distinct layers with a neighbour on each side.
 RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
     "LlamaForCausalLM": ("LlamaConfig", {"num_hidden_layers": 8}),
     "Qwen3ForCausalLM": ("Qwen3Config", {"num_hidden_layers": 8}),
@@ -60,7 +66,7 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
             "mlp_only_layers": [0],
             "norm_topk_prob": True,
         },
-    ),  # fmt: skip
+    ),
     "DeepseekV3ForCausalLM": (
         "DeepseekV3Config",
         {
@@ -85,7 +91,7 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
             "scoring_func": "sigmoid",
             "rope_interleave": True,
         },
-    ),  # fmt: skip
+    ),
     "GptOssForCausalLM": (
         "GptOssConfig",
         {
@@ -97,9 +103,10 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
             "attention_bias": True,
             "layer_types": ["sliding_attention", "full_attention"] * 4,
         },
-    ),  # fmt: skip
+    ),
 }
-ARCHITECTURES: tuple[str, ...] = tuple(RECIPES)
+ARCHITECTURES: tuple[str, ...] = TESTED_ARCHITECTURES
+assert tuple(RECIPES) == ARCHITECTURES, "a recipe for each tested architecture (eagle3.model_files)"
 
 
 def tiny_model_dir(data_dir: Path, arch: str) -> Path:

@@ -212,3 +212,45 @@ def test_each_tiny_target_is_its_architecture_with_the_demo_tokenizers_vocabular
         facts = read_model_facts(model)
         assert facts.architectures == (arch,) and facts.hidden_size == 64 and facts.num_layers == 8
         assert len(AutoTokenizer.from_pretrained(model)) == facts.vocab_size
+
+
+def altered_copy(model: Path, out: Path, **config: Any) -> Path:
+    """`model` with its config.json changed (weights and tokenizer linked, not copied)."""
+    out.mkdir()
+    for f in model.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    (out / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()), **config}))
+    return out
+
+
+def test_an_architecture_no_engine_supports_is_refused_naming_it_and_the_supported_list_before_any_server(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from eagle3.model_files import ModelError
+    from eagle3.serving.layers import LayerMappingError
+
+    model = altered_copy(tiny_models["LlamaForCausalLM"], tmp_path / "foo", model_type="foo",
+                         architectures=["FooForCausalLM"])  # fmt: skip
+    cfg = pipeline_config(tmp_path, model, "FooForCausalLM")
+    with pytest.raises(ModelError, match=r"architecture FooForCausalLM \(model_type 'foo'\) is not supported") as e:
+        build_engine(cfg, model)
+    assert all(arch in str(e.value) for arch in ARCHITECTURES)
+    sglang = cfg.model_copy(update={"server": cfg.server.model_copy(update={"engine": "sglang",
+                                                                            "python": "/nonexistent/python"})})  # fmt: skip
+    with pytest.raises(LayerMappingError, match=r"model_type 'foo': no SGLang layer-id rule .*deepseek_v3.*qwen3_moe"):
+        build_engine(sglang, model, base_env={})  # refused while building: the (missing) interpreter is never run
+
+
+def test_a_tokenizer_with_more_tokens_than_the_config_vocabulary_is_refused_with_both_numbers(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from eagle3.model_files import ModelError
+
+    model = altered_copy(tiny_models["Qwen3ForCausalLM"], tmp_path / "small-vocab", vocab_size=32000)
+    with pytest.raises(ModelError, match=r"tokenizer has 49152 tokens but config.json's vocab_size is 32000"):
+        build_engine(pipeline_config(tmp_path, model, "Qwen3ForCausalLM"), model)
+    padded = altered_copy(tiny_models["Qwen3ForCausalLM"], tmp_path / "padded", vocab_size=49280)
+    from eagle3.model_files import check_target
+
+    assert check_target(padded, "transformers").vocab_size == 49280  # a vocabulary padded past the tokenizer's: fine
