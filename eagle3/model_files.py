@@ -133,9 +133,9 @@ def check_target(model_dir: Path, engine: str) -> ModelFacts:
             raise ModelError(
                 f"{model_dir}: architecture {'/'.join(facts.architectures) or '?'} (model_type {facts.model_type!r}) "
                 f"is not supported by the transformers engine: transformers has no causal LM for it. Tested: "
-                f"{', '.join(TESTED_ARCHITECTURES)} (docs/models.md); any model_type transformers' AutoModelForCausalLM "
-                "loads may work. A model that needs trust_remote_code (Kimi's wrapper) is not loaded: use server.engine "
-                "sglang, or point `model` at a directory of its text backbone."
+                f"{', '.join(TESTED_ARCHITECTURES)} (docs/models.md); any model_type transformers' "
+                "AutoModelForCausalLM loads may work. A model that needs trust_remote_code (Kimi's wrapper) is not "
+                "loaded: use server.engine sglang, or point `model` at a directory of its text backbone."
             )
     size = tokenizer_size(Path(model_dir))
     if size > facts.vocab_size:

@@ -29,7 +29,7 @@ from eagle3.model_files import (
 from eagle3.store.fsio import atomic_write_json, fsync_dir
 
 #: Bumped when a recipe below changes, so cached directories are rebuilt.
-TINY_VERSION = 1
+TINY_VERSION = 2
 SEED = 1234
 VOCAB = 49152  # the demo tokenizer's; every tiny config must match it (read_model_facts vs tokenizer check)
 
@@ -90,6 +90,7 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
             "topk_method": "noaux_tc",
             "scoring_func": "sigmoid",
             "rope_interleave": True,
+            "moe_layer_freq": 1,  # in the real config.json; SGLang's deepseek_v2.py reads it
         },
     ),
     "GptOssForCausalLM": (
@@ -131,6 +132,8 @@ def _recipe_stamp(arch: str) -> dict[str, Any]:
 
 def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
     """Build the tiny `arch` target once (about a second) and return its directory."""
+    if arch not in RECIPES:
+        raise ModelError(f"no tiny recipe for {arch!r}; known: {', '.join(ARCHITECTURES)}")
     target = tiny_model_dir(data_dir, arch)
     stamp = target / "install.json"
     want = _recipe_stamp(arch)

@@ -236,8 +236,8 @@ def test_an_architecture_no_engine_supports_is_refused_naming_it_and_the_support
     with pytest.raises(ModelError, match=r"architecture FooForCausalLM \(model_type 'foo'\) is not supported") as e:
         build_engine(cfg, model)
     assert all(arch in str(e.value) for arch in ARCHITECTURES)
-    sglang = cfg.model_copy(update={"server": cfg.server.model_copy(update={"engine": "sglang",
-                                                                            "python": "/nonexistent/python"})})  # fmt: skip
+    server = cfg.server.model_copy(update={"engine": "sglang", "python": "/nonexistent/python"})
+    sglang = cfg.model_copy(update={"server": server})
     with pytest.raises(LayerMappingError, match=r"model_type 'foo': no SGLang layer-id rule .*deepseek_v3.*qwen3_moe"):
         build_engine(sglang, model, base_env={})  # refused while building: the (missing) interpreter is never run
 
