@@ -137,6 +137,8 @@ def check_target(model_dir: Path, engine: str) -> ModelFacts:
                 "AutoModelForCausalLM loads may work. A model that needs trust_remote_code (Kimi's wrapper) is not "
                 "loaded: use server.engine sglang, or point `model` at a directory of its text backbone."
             )
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return facts  # no tokenizer here (a weights-only directory): prepare, which needs one, says so
     size = tokenizer_size(Path(model_dir))
     if size > facts.vocab_size:
         raise ModelError(
