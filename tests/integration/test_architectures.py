@@ -254,3 +254,21 @@ def test_a_tokenizer_with_more_tokens_than_the_config_vocabulary_is_refused_with
     from eagle3.model_files import check_target
 
     assert check_target(padded, "transformers").vocab_size == 49280  # a vocabulary padded past the tokenizer's: fine
+
+
+def test_a_tiny_target_built_again_elsewhere_is_the_same_bytes(
+    tiny_models: dict[str, Path], demo_model: Path, tmp_path: Path
+) -> None:
+    from eagle3.model_files import sha256_file
+    from eagle3.tiny_models import ensure_tiny_model
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / demo_model.name).symlink_to(demo_model)  # the demo tokenizer, not installed again
+    again = ensure_tiny_model(tmp_path, "DeepseekV3ForCausalLM")
+    first = tiny_models["DeepseekV3ForCausalLM"]
+    assert again != first
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert sha256_file(again / name) == sha256_file(first / name), name
+    stamp = (again / "install.json").stat().st_mtime_ns
+    assert ensure_tiny_model(tmp_path, "DeepseekV3ForCausalLM") == again  # cached: not written again
+    assert (again / "install.json").stat().st_mtime_ns == stamp
