@@ -17,8 +17,9 @@ checks these lines and each package's own "May import:" line; lower lines never 
     config:       eagle3.store
     config_merge: eagle3.config
     model_files:  eagle3.store
+    tiny_models:  eagle3.store, eagle3.model_files
     doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
-    cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.doctor
+    cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.tiny_models, eagle3.store, eagle3.doctor
 
 Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the
 entry point, imports Prefect and the flows inside the commands that run flows).

@@ -6,6 +6,7 @@
     eagle3 retry RUN_DIR [--shards 3,7]                           the retry-failed flow on the Prefect server
     eagle3 doctor [CONFIG] [--set ...] [--no-launch]              is this node ready to extract with SGLang?
     eagle3 model demo | MODEL_DIR                                 install/check a model, print its path
+    eagle3 model tiny ARCH                                        a tiny random-weight target (docs/models.md)
     eagle3 config show [CONFIG] [--set ...]                       the effective config as YAML
 
 The environment is read here and only here: Prefect's settings pick the server that `run` and `retry` report to
@@ -67,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_overrides(doctor)
 
     model = sub.add_parser("model", help="install (demo) or check a target model and print its directory")
-    model.add_argument("name", help="`demo` (SmolLM2-135M-Instruct, installed once) or a model directory")
+    model.add_argument("name", help="`demo` (SmolLM2-135M-Instruct, installed once), `tiny` or a model directory")
+    model.add_argument("arch", nargs="?", help="with `tiny`: the architecture, e.g. DeepseekV3ForCausalLM")
     model.add_argument("--data-dir", type=Path, default=Path("data"), help="where the demo model lives")
 
     config = sub.add_parser("config", help="config helpers")
@@ -122,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "doctor":
             return cmd_doctor(effective_config(args.config, args.overrides, args.stages), launch=not args.no_launch)
         if args.command == "model":
-            return cmd_model(args.name, args.data_dir)
+            return cmd_model(args.name, args.data_dir, args.arch)
         if args.command == "config":
             print(config_to_yaml(effective_config(args.config, args.overrides, args.stages)), end="")
             return EXIT_OK
@@ -352,10 +354,17 @@ def _styled_status(status: str) -> str:
 
 
 # model -----------------------------------------------------------------------------------------
-def cmd_model(name: str, data_dir: Path) -> int:
-    from eagle3.model_files import ModelError, resolve_model
+def cmd_model(name: str, data_dir: Path, arch: str | None = None) -> int:
+    from eagle3.model_files import TESTED_ARCHITECTURES, ModelError, resolve_model
 
     try:
+        if name == "tiny":
+            from eagle3.tiny_models import ensure_tiny_model
+
+            if arch is None:
+                raise ModelError(f"eagle3 model tiny ARCH: one of {', '.join(TESTED_ARCHITECTURES)}")
+            print(ensure_tiny_model(data_dir, arch).resolve())
+            return EXIT_OK
         print(resolve_model(name, data_dir).resolve())
     except ModelError as e:
         print(f"eagle3: {e}", file=sys.stderr)

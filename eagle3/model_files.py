@@ -33,6 +33,14 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
+#: The architectures every stage is tested on (tiny targets, eagle3/tiny_models.py; the table in docs/models.md).
+TESTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "DeepseekV3ForCausalLM",
+    "GptOssForCausalLM",
+)
 _FULL_HASH_LIMIT = 64 << 20
 _CHUNK = 1 << 20
 
@@ -104,6 +112,42 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
         )
     except KeyError as e:
         raise ModelError(f"{cfg_path}: missing {e.args[0]!r}") from None
+
+
+def tokenizer_size(model_dir: Path) -> int:
+    """Token ids the model's tokenizer can produce (its base vocabulary plus added tokens)."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(model_dir))
+
+
+def check_target(model_dir: Path, engine: str) -> ModelFacts:
+    """Refuse, before any model loads or server starts, a target that `engine` cannot run or whose tokenizer
+    produces ids the model has no embedding for. A config vocabulary larger than the tokenizer's is normal (padded
+    for the GPU: Qwen3 151,936 vs 151,669 tokens) and accepted. SGLang's model families are checked where its layer
+    ids are derived (eagle3/serving/layers.py), which every SGLang server needs before it starts."""
+    facts = read_model_facts(Path(model_dir))
+    if engine == "transformers":
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal_lms
+
+        if facts.model_type not in causal_lms:
+            raise ModelError(
+                f"{model_dir}: architecture {'/'.join(facts.architectures) or '?'} (model_type {facts.model_type!r}) "
+                f"is not supported by the transformers engine: transformers has no causal LM for it. Tested: "
+                f"{', '.join(TESTED_ARCHITECTURES)} (docs/models.md); any model_type transformers' "
+                "AutoModelForCausalLM loads may work. A model that needs trust_remote_code (Kimi's wrapper) is not "
+                "loaded: use server.engine sglang, or point `model` at a directory of its text backbone."
+            )
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return facts  # no tokenizer here (a weights-only directory): prepare, which needs one, says so
+    size = tokenizer_size(Path(model_dir))
+    if size > facts.vocab_size:
+        raise ModelError(
+            f"{model_dir}: the tokenizer has {size} tokens but config.json's vocab_size is {facts.vocab_size}: ids "
+            f">= {facts.vocab_size} have no embedding. The tokenizer files belong to another model; copy the ones "
+            "that came with these weights."
+        )
+    return facts
 
 
 def demo_model_dir(data_dir: Path) -> Path:

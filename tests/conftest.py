@@ -49,6 +49,14 @@ def demo_tokenizer(demo_model: Path):  # type: ignore[no-untyped-def]
     return AutoTokenizer.from_pretrained(demo_model)
 
 
+@pytest.fixture(scope="session")
+def tiny_models(demo_model: Path) -> dict[str, Path]:
+    """Every tiny random-weight target (eagle3/tiny_models.py), built once under data/models/ and reused."""
+    from eagle3.tiny_models import ARCHITECTURES, ensure_tiny_model
+
+    return {arch: ensure_tiny_model(DATA_DIR, arch) for arch in ARCHITECTURES}
+
+
 # In CI the SGLang and browser tiers must run: a skip there (environment missing) is a failure.
 _MUST_RUN_IN_CI = ("sglang", "ui")
 

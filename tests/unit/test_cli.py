@@ -198,3 +198,13 @@ def test_run_refuses_to_start_without_a_prefect_server(
     assert cli.main(["run", str(REPO / "configs" / "demo.yaml")]) == 2
     assert "PREFECT_API_URL is not set" in capsys.readouterr().err
     assert "does not answer" in (cli.check_server("http://127.0.0.1:9/api") or "")
+
+
+def test_model_tiny_names_the_architectures_it_can_build_when_given_another(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["model", "tiny", "FooForCausalLM", "--data-dir", str(tmp_path)]) == cli.EXIT_FAILED
+    assert cli.main(["model", "tiny", "--data-dir", str(tmp_path)]) == cli.EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "'FooForCausalLM'" in err and err.count("DeepseekV3ForCausalLM, GptOssForCausalLM") == 2
+    assert not (tmp_path / "models").exists()  # nothing built

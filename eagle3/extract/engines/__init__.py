@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from eagle3.config import PipelineConfig
 from eagle3.extract.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Outcome
+from eagle3.model_files import check_target
 
 if TYPE_CHECKING:
     from eagle3.extract.engines.transformers_engine import LoadedModels
@@ -38,6 +39,7 @@ def build_engine(
     `<run_dir>/server`). `base_env` and `on_line` are the sglang server's environment (required there: the caller
     reads it, the library never reads os.environ) and log line sink. `models` (transformers): the weights this
     engine shares with others (a server pool's engines: one copy); None: its own."""
+    check_target(model_dir, cfg.server.engine)  # an unsupported architecture or a foreign tokenizer: refused here
     if cfg.server.engine == "transformers":
         from eagle3.extract.engines.transformers_engine import TransformersEngine
 

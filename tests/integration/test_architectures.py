@@ -1,0 +1,274 @@
+"""Every stage on every architecture users serve, with the transformers engine, on tiny random-weight targets
+(eagle3/tiny_models.py: Llama, Qwen3, Qwen3-MoE, DeepSeek-V3 (MLA + MoE), GPT-OSS (sliding window, sinks, MoE)).
+
+One test per architecture runs the library calls each Prefect task makes, in stage order: prepare -> synthesize
+-> extract -> verify -> convert -> train (3 steps, in process) -> export -> offline evaluation. A second one
+checks what is captured against the decoder layers' own inputs (forward pre-hooks: the residual stream before
+layer i), in fp32, alone and in a batch: an off-by-one layer, MLA's compressed KV, MoE routing that depends on
+the batch or GPT-OSS's window past its length would each show there.
+
+To add an architecture: a recipe in eagle3/tiny_models.py RECIPES; these tests then cover it (docs/models.md).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from eagle3.config import PipelineConfig
+from eagle3.convert import convert
+from eagle3.data.prepare import prepare
+from eagle3.data.synthesize import synthesize
+from eagle3.draft.checkpoint import resolve_checkpoint
+from eagle3.evaluate.offline import evaluate_offline
+from eagle3.extract.engines import build_engine
+from eagle3.extract.engines.base import Captured
+from eagle3.extract.engines.transformers_engine import TransformersEngine
+from eagle3.extract.shard import extract_shard, open_run
+from eagle3.model_files import read_model_facts
+from eagle3.release.export import export_draft
+from eagle3.serving.layers import sglang_layer_ids
+from eagle3.store.run_store import PreparedSample, RunStore
+from eagle3.store.verify import verify_run
+from eagle3.tiny_models import ARCHITECTURES, tiny_config
+from eagle3.train.trainer import Trainer, TrainJob
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+REPO = Path(__file__).resolve().parents[2]
+THINKING_TEMPLATE = REPO / "tests" / "assets" / "thinking_template.jinja"
+QUESTIONS = ["What is the capital of France?", "Name a colour of the sky.", "What is 3 times 4?", "Say hello."]
+FP32_TOL = 1e-4  # fp32 engine vs an fp32 forward's layer input, worst token (same kernels: ~1e-6)
+LONG = 40  # tokens: five times the tiny GPT-OSS sliding window (8)
+
+
+def write_rows(path: Path, *, reasoning: bool) -> Path:
+    with path.open("w") as f:
+        for q in QUESTIONS:
+            answer: dict[str, str] = {"role": "assistant", "content": "Let me answer that."}
+            if reasoning:
+                answer["reasoning_content"] = "The user asks a short question."
+            f.write(json.dumps({"messages": [{"role": "user", "content": q}, answer]}) + "\n")
+    return path
+
+
+def pipeline_config(tmp: Path, model: Path, arch: str) -> PipelineConfig:
+    """The demo's settings, shrunk. Qwen3 runs with a thinking template and enable_thinking, as it is served."""
+    qwen3 = arch.startswith("Qwen3")
+    data: dict[str, Any] = {"dataset": str(write_rows(tmp / "rows.jsonl", reasoning=qwen3)), "max_length": 128,
+                            "shard_size": 2}  # fmt: skip
+    if qwen3:
+        data |= {"chat_template": str(THINKING_TEMPLATE), "chat_template_kwargs": {"enable_thinking": True}}
+    return PipelineConfig.model_validate(
+        {
+            "run_dir": str(tmp / "run"),
+            "model": str(model),
+            "data_dir": str(REPO / "data"),
+            "stages": ["prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"],
+            "data": data,
+            "synthesize": {"max_new_tokens": 8, "batch_size": 4},
+            "server": {"engine": "transformers", "device": "cpu", "max_total_tokens": 4096},
+            "train": {"draft_vocab_size": 64, "max_steps": 3, "batch_tokens": 256, "ttt_steps": 2, "warmup_steps": 1,
+                      "log_every": 1, "checkpoint_every": 3, "precision": "fp32", "device": "cpu",
+                      "loader_threads": 1},
+            "evaluate": {"num_prompts": 2, "max_new_tokens": 6, "draft_steps": 2, "live": "off", "device": "cpu",
+                         "dataset": str(tmp / "rows.jsonl")},
+        }
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_every_stage_runs_on_the_transformers_engine(
+    arch: str, tiny_models: dict[str, Path], tmp_path: Path, record_property: Any
+) -> None:
+    model = tiny_models[arch]
+    facts = read_model_facts(model)
+    cfg = pipeline_config(tmp_path, model, arch)
+    store = RunStore(cfg.run_dir)
+
+    prepared = prepare(cfg, store, model)
+    assert prepared.num_samples == len(QUESTIONS)
+    if arch.startswith("Qwen3"):  # the reasoning template rendered with enable_thinking, as served
+        text = store_text(model, store.prepared_samples(0)[0])
+        assert "<think>\nThe user asks a short question.\n</think>" in text, text
+    synthesize(cfg, store, model)  # a random target's own replies replace the answers
+    samples = [s for shard in range(len(QUESTIONS) // 2) for s in store.prepared_samples(shard)]
+
+    engine = build_engine(cfg, model)
+    info = open_run(cfg, store, model, engine.info)
+    start = time.monotonic()
+    for shard in range(len(QUESTIONS) // 2):
+        assert extract_shard(store, shard, engine, info).status == "complete"
+    tok_s = sum(len(s) for s in samples) / (time.monotonic() - start)
+    expected_aux = [2, facts.num_layers // 2, facts.num_layers - 3]
+    run = json.loads((Path(cfg.run_dir) / "run.json").read_text())
+    assert run["aux_layers"] == expected_aux == run["engine_layer_ids"]
+
+    report = verify_run(store)
+    assert report.clean and report.ok_count == len(QUESTIONS), report.summary()
+
+    result = convert(cfg, store)
+    assert result.num_samples == len(QUESTIONS)
+    from safetensors.torch import load_file
+
+    vocab = load_file(result.vocab_map_path)
+    d2t, t2d = vocab["d2t"], vocab["t2d"]
+    draft_ids = torch.arange(len(d2t)) + d2t  # the target id of each draft id
+    assert len(t2d) == facts.vocab_size and int(t2d.sum()) == len(d2t) == 64
+    assert int(draft_ids.max()) < facts.vocab_size and bool(t2d[draft_ids].all())
+
+    out = tmp_path / "train"
+    job = TrainJob(train=cfg.train, run_dir=cfg.run_dir, model_dir=str(model), out_dir=str(out), device="cpu")
+    with Trainer.build(job) as t:
+        t.run()
+    ckpt = resolve_checkpoint(out / "checkpoints")
+
+    export = export_draft(ckpt, Path(cfg.run_dir), model, Path(cfg.run_dir) / "draft" / "exports" / "x")
+    draft_cfg = json.loads((Path(export.out_dir) / "config.json").read_text())
+    want = sglang_layer_ids(facts.model_type, expected_aux, facts.num_layers).layer_ids
+    assert draft_cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == want
+    assert draft_cfg["vocab_size"] == facts.vocab_size and draft_cfg["draft_vocab_size"] == 64
+
+    offline = evaluate_offline(cfg.evaluate, Path(cfg.run_dir), model, ckpt)
+    assert offline.num_prompts == 2 and offline.identical_to_greedy == 2
+    assert 1.0 <= offline.acceptance_length <= 3.0
+    record_property("figures", {"arch": arch, "tok_s": round(tok_s), "acceptance": offline.acceptance_length})
+    print(
+        f"\nFIGURES {arch}: extract {tok_s:.0f} tok/s (transformers, CPU); acceptance {offline.acceptance_length:.3f}"
+    )
+
+
+def store_text(model: Path, sample: PreparedSample) -> str:
+    from transformers import AutoTokenizer
+
+    return str(AutoTokenizer.from_pretrained(model).decode(sample.input_ids))
+
+
+def layer_inputs(model: Any, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Each decoder layer's input hidden state (a forward pre-hook) and the final norm's output, for one sample."""
+    seen: list[torch.Tensor] = []
+    norm: dict[str, torch.Tensor] = {}
+    hooks = [
+        layer.register_forward_pre_hook(lambda m, a, kw: seen.append((a[0] if a else kw["hidden_states"])[0].clone()),
+                                        with_kwargs=True)
+        for layer in model.model.layers
+    ]  # fmt: skip
+    hooks.append(model.model.norm.register_forward_hook(lambda m, a, out: norm.__setitem__("out", out[0])))
+    try:
+        with torch.inference_mode():
+            model(torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen, norm["out"]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_captured_states_are_the_decoder_layer_inputs_alone_and_in_a_batch(
+    arch: str, tiny_models: dict[str, Path], demo_tokenizer: Any
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model_dir = tiny_models[arch]
+    texts = [" ".join(str(i) for i in range(LONG)), "The capital of France is Paris.", "A short one."]
+    samples = [PreparedSample(f"s{i}", demo_tokenizer(t).input_ids, [1] * len(demo_tokenizer(t).input_ids), "t")
+               for i, t in enumerate(texts)]  # fmt: skip
+    assert len(samples[0]) > 4 * (tiny_config(arch).to_dict().get("sliding_window") or 8)
+    batched = TransformersEngine(model_dir, device="cpu", dtype="float32", batch_tokens=4096)
+    alone = TransformersEngine(model_dir, device="cpu", dtype="float32", batch_tokens=1)
+    together = {o.sample.sample_id: o for o in batched.extract(samples) if isinstance(o, Captured)}
+    single = {o.sample.sample_id: o for o in alone.extract(samples) if isinstance(o, Captured)}
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    layers = batched.info.aux_layers
+    for s in samples:
+        inputs, norm = layer_inputs(ref_model, s.input_ids)
+        for got, how in ((together[s.sample_id], "batched"), (single[s.sample_id], "alone")):
+            for k, layer in enumerate(layers):
+                err = rel_err(got.aux_hidden_states[:, k], inputs[layer])
+                assert err < FP32_TOL, (
+                    f"{arch} {s.sample_id} {how}: aux {layer} is {err:.2e} from layer {layer}'s input"
+                )
+                far = rel_err(got.aux_hidden_states[:, k], inputs[layer - 1])
+                assert far > 0.05, f"{arch} {s.sample_id}: aux {layer} only {far:.3f} from layer {layer - 1}'s input"
+            assert rel_err(got.last_hidden_state, norm) < FP32_TOL, f"{arch} {s.sample_id} {how}: last state"
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.float(), ref.float()
+    return float(((got - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-6)).max())
+
+
+def test_each_tiny_target_is_its_architecture_with_the_demo_tokenizers_vocabulary(
+    tiny_models: dict[str, Path],
+) -> None:
+    from transformers import AutoTokenizer
+
+    for arch, model in tiny_models.items():
+        facts = read_model_facts(model)
+        assert facts.architectures == (arch,) and facts.hidden_size == 64 and facts.num_layers == 8
+        assert len(AutoTokenizer.from_pretrained(model)) == facts.vocab_size
+
+
+def altered_copy(model: Path, out: Path, **config: Any) -> Path:
+    """`model` with its config.json changed (weights and tokenizer linked, not copied)."""
+    out.mkdir()
+    for f in model.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    (out / "config.json").write_text(json.dumps({**json.loads((model / "config.json").read_text()), **config}))
+    return out
+
+
+def test_an_architecture_no_engine_supports_is_refused_naming_it_and_the_supported_list_before_any_server(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from eagle3.model_files import ModelError
+    from eagle3.serving.layers import LayerMappingError
+
+    model = altered_copy(tiny_models["LlamaForCausalLM"], tmp_path / "foo", model_type="foo",
+                         architectures=["FooForCausalLM"])  # fmt: skip
+    cfg = pipeline_config(tmp_path, model, "FooForCausalLM")
+    with pytest.raises(ModelError, match=r"architecture FooForCausalLM \(model_type 'foo'\) is not supported") as e:
+        build_engine(cfg, model)
+    assert all(arch in str(e.value) for arch in ARCHITECTURES)
+    server = cfg.server.model_copy(update={"engine": "sglang", "python": "/nonexistent/python"})
+    sglang = cfg.model_copy(update={"server": server})
+    with pytest.raises(LayerMappingError, match=r"model_type 'foo': no SGLang layer-id rule .*deepseek_v3.*qwen3_moe"):
+        build_engine(sglang, model, base_env={})  # refused while building: the (missing) interpreter is never run
+
+
+def test_a_tokenizer_with_more_tokens_than_the_config_vocabulary_is_refused_with_both_numbers(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    from eagle3.model_files import ModelError
+
+    model = altered_copy(tiny_models["Qwen3ForCausalLM"], tmp_path / "small-vocab", vocab_size=32000)
+    with pytest.raises(ModelError, match=r"tokenizer has 49152 tokens but config.json's vocab_size is 32000"):
+        build_engine(pipeline_config(tmp_path, model, "Qwen3ForCausalLM"), model)
+    padded = altered_copy(tiny_models["Qwen3ForCausalLM"], tmp_path / "padded", vocab_size=49280)
+    from eagle3.model_files import check_target
+
+    assert check_target(padded, "transformers").vocab_size == 49280  # a vocabulary padded past the tokenizer's: fine
+
+
+def test_a_tiny_target_built_again_elsewhere_is_the_same_bytes(
+    tiny_models: dict[str, Path], demo_model: Path, tmp_path: Path
+) -> None:
+    from eagle3.model_files import sha256_file
+    from eagle3.tiny_models import ensure_tiny_model
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / demo_model.name).symlink_to(demo_model)  # the demo tokenizer, not installed again
+    again = ensure_tiny_model(tmp_path, "DeepseekV3ForCausalLM")
+    first = tiny_models["DeepseekV3ForCausalLM"]
+    assert again != first
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert sha256_file(again / name) == sha256_file(first / name), name
+    stamp = (again / "install.json").stat().st_mtime_ns
+    assert ensure_tiny_model(tmp_path, "DeepseekV3ForCausalLM") == again  # cached: not written again
+    assert (again / "install.json").stat().st_mtime_ns == stamp
