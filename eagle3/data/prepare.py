@@ -562,9 +562,9 @@ def prepare(
     preparation in this store in any case. `extracted`: whether samples were extracted from this store (None:
     whether it has run.json)."""
     if not raw and "synthesize" in cfg.stages:
-        check_synthesis(cfg, store, model_dir)
         existing = store.read_prepared_manifest()
         if existing is not None and existing.synthesis is not None:
+            check_synthesis(cfg, store, model_dir)
             source = prepare_source(cfg, store, model_dir, report)
             if holds_synthesis_of(existing, store, source, tokenizer_fingerprint(model_dir), cfg.data):
                 return existing
