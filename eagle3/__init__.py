@@ -17,6 +17,7 @@ checks these lines and each package's own "May import:" line; lower lines never 
     config:       eagle3.store
     model_files:  eagle3.store
     doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
+    preflight:    eagle3.config, eagle3.model_files, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
     cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.doctor
 
 Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the
