@@ -528,16 +528,23 @@ def synthesize(
     )
     total = source.num_samples * n - len(failed) - summary.dropped_truncated
     failed_rows = [BadRow(file=f, row=r, reason=f"{SYN}{x.reason}") for x in failed for f, r in [_file_row(x.row)]]
-    synthesis = SynthesisOf(settings_fingerprint=settings, source_fingerprint=source.dataset_fingerprint)
+    synthesis = SynthesisOf(
+        settings_fingerprint=settings, source_fingerprint=source.dataset_fingerprint, source_intakes=len(source.intakes)
+    )
     if _grows(current, store, settings, tok_sha, cfg):
         assert current is not None and current.synthesis is not None
         known = {sid for i in range(len(current.shards)) for sid in store.prepared_ids(i)}
-        taken = current.synthesis.source_fingerprint  # the files it answered: from the source's intakes since
-        new_files = {k: v for i in source.intakes if i.dataset_fingerprint != taken for k, v in i.files.items()}
+        since = source.intakes[current.synthesis.source_intakes :]  # the source's intakes not answered before
+        new_files = {k: v for i in since for k, v in i.files.items()}
         manifest = append_prepared(
             store, current, rows, chat, cfg.data, known=known, total=total, fingerprint=prepared_fp,
             files=new_files, report=report, stage="synthesize-tokenize", fmt="openai",
         )  # fmt: skip
+        if since and len(manifest.intakes) > len(current.intakes):  # what the source's intakes saw, recorded here too
+            last = manifest.intakes[-1]
+            last.missing_files = sorted({f for i in since for f in i.missing_files})
+            last.known_samples = sum(i.known_samples for i in since)  # not the old answers read again
+            last.vanished_samples = sum(i.vanished_samples for i in since)
         # bad rows: the source's, the tokenize step's (before and now), and the samples that failed in this run
         old_tokenize = [b for b in current.bad_rows if b not in source.bad_rows and not b.reason.startswith(SYN)]
         bad = [*source.bad_rows, *old_tokenize, *manifest.bad_rows[len(current.bad_rows) :]]

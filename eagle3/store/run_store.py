@@ -141,6 +141,7 @@ class SynthesisOf(Record):
 
     settings_fingerprint: str
     source_fingerprint: str
+    source_intakes: int = 0  # the source's intakes answered so far (the next synthesis records those after them)
 
 
 class PreparedManifest(Record):

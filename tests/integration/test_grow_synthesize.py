@@ -65,7 +65,8 @@ def test_a_grown_dataset_synthesizes_and_extracts_only_the_new_prompts(tmp_path:
     m = grown.manifest
     assert m.num_samples == 7 and m.shards == [2, 2, 2, 1]
     assert list(m.intakes[-1].files) == [str(traffic / "day2.jsonl")] and m.intakes[-1].shards == [2, 3]
-    assert m.intakes[-1].new_samples == 3 and m.intakes[-1].dataset_fingerprint == m.dataset_fingerprint
+    assert (m.intakes[-1].new_samples, m.intakes[-1].known_samples) == (3, 1)  # as the source's intake says
+    assert m.intakes[-1].dataset_fingerprint == m.dataset_fingerprint
     new_ids = [s.sample_id for i in (2, 3) for s in store.prepared_samples(i)]
     assert sorted(s.source for i in (2, 3) for s in store.prepared_samples(i)) == [
         f"{traffic / 'day2.jsonl'}:{r}" for r in range(3)
