@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from eagle3.config import PipelineConfig
-from eagle3.data.prepare import mixing_differences
+from eagle3.data.prepare import dataset_fingerprint, mixing_differences
 from eagle3.data.synthesis_key import SYNTH, check_synthesis
 from eagle3.extract.shard import store_dtype_of
 from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
@@ -46,7 +46,8 @@ def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
     prepared = store.read_prepared_manifest()
     synthesized = prepared is not None and (prepared.synthesis is not None or prepared.dataset.startswith(SYNTH))
     if "synthesize" in stages:
-        check_synthesis(cfg, store, model_dir)
+        legacy = prepared is not None and prepared.synthesis is None and prepared.dataset.startswith(SYNTH)
+        check_synthesis(cfg, store, model_dir, dataset_fingerprint(cfg.data) if legacy else None)
     elif "prepare" in stages and synthesized:
         raise PreflightError(
             f"{store.root}: stages {cfg.stages} prepare without synthesize, but the store's samples were extracted "

@@ -29,7 +29,7 @@ from eagle3.data.chat import ChatTokenizer, RowError, RowFormat, normalize_row, 
 from eagle3.data.source_files import SourceError, SourceFile, file_sha256, is_saved_dataset, list_source_files
 from eagle3.data.sources import SourceError as HubSourceError
 from eagle3.data.sources import data_sources, hub_fingerprint, hub_name, is_hub, load_hub
-from eagle3.data.synthesis_key import SYNTH, check_synthesis
+from eagle3.data.synthesis_key import SYNTH, check_synthesis, legacy_current
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_bytes
@@ -563,6 +563,8 @@ def prepare(
     whether it has run.json)."""
     if not raw and "synthesize" in cfg.stages:
         existing = store.read_prepared_manifest()
+        if existing is not None and legacy_current(cfg, store, model_dir, dataset_fingerprint(cfg.data)):
+            return existing  # a synthesis from before synthesis could grow, of these very inputs
         if existing is not None and existing.synthesis is not None:
             check_synthesis(cfg, store, model_dir)
             source = prepare_source(cfg, store, model_dir, report)

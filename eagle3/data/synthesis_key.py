@@ -88,10 +88,39 @@ def key_differences(old: dict, new: SynthesizedKey) -> list[str]:
     return diffs
 
 
-def check_synthesis(cfg: PipelineConfig, store: RunStore, model_dir: Path) -> None:
+def legacy_current(cfg: PipelineConfig, store: RunStore, model_dir: Path, source_fingerprint: str) -> bool:
+    """Whether prepared/ is a synthesis written before synthesis could grow (eagle3-synthesized/2) of exactly these
+    inputs (`source_fingerprint`: eagle3.data.prepare.dataset_fingerprint) and settings: it is used as it is (an
+    unchanged re-run does nothing); it cannot grow."""
+    prepared = store.read_prepared_manifest()
+    path = store.synthesized_manifest_path
+    if prepared is None or prepared.synthesis is not None or not prepared.dataset.startswith(SYNTH):
+        return False
+    old = read_json(path) if path.is_file() else {}
+    if old.get("format") != "eagle3-synthesized/2":
+        return False
+    old_fp = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    same = {
+        "source_fingerprint": source_fingerprint,
+        "model_sha256": model_fingerprint(model_dir),
+        "dtype": cfg.server.dtype,
+        "engine": cfg.server.engine,
+        "synthesize": cfg.synthesize.generation_key(),
+    }
+    truncation = hashlib.sha256(f"{old_fp}:on_truncated={cfg.synthesize.on_truncated}".encode()).hexdigest()
+    return all(old.get(k) == v for k, v in same.items()) and prepared.dataset_fingerprint == truncation
+
+
+def check_synthesis(
+    cfg: PipelineConfig, store: RunStore, model_dir: Path, source_fingerprint: str | None = None
+) -> None:
     """Refuse, before anything is written, a run that would add answers synthesized under other settings to a
-    store whose samples were extracted (run.json exists). Before extraction any change simply synthesizes again."""
+    store whose samples were extracted (run.json exists). Before extraction any change simply synthesizes again.
+    `source_fingerprint` (the dataset's, when the caller has it): a synthesis from before synthesis could grow
+    passes when it is exactly of these inputs and settings (legacy_current)."""
     if store.read_run_info() is None:
+        return
+    if source_fingerprint is not None and legacy_current(cfg, store, model_dir, source_fingerprint):
         return
     prepared = store.read_prepared_manifest()
     key = synthesized_key(cfg, model_dir)
@@ -99,7 +128,7 @@ def check_synthesis(cfg: PipelineConfig, store: RunStore, model_dir: Path) -> No
     if prepared is not None and prepared.synthesis is None and prepared.dataset.startswith(SYNTH):
         diffs.append(
             "synthesized/manifest.json format: the store was synthesized by a version that could not grow a "
-            f"synthesis (before {FORMAT})"
+            f"synthesis (before {FORMAT}); it is used as it is only with its own inputs and settings"
         )
     elif prepared is not None and prepared.synthesis is None:
         diffs.append(

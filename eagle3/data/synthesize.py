@@ -42,6 +42,7 @@ from eagle3.data.chat import ChatTokenizer, Message, RowError, split_reasoning
 from eagle3.data.prepare import (
     RawRow,
     append_prepared,
+    dataset_fingerprint,
     is_current,
     prepare_source,
     read_json_lines,
@@ -52,6 +53,7 @@ from eagle3.data.synthesis_key import (
     SynthesisMixError,
     SynthesizedKey,
     check_synthesis,
+    legacy_current,
     settings_fingerprint,
     synthesis_fingerprint,
     synthesized_key,
@@ -487,15 +489,19 @@ def synthesize(
     `servers`: the run's SGLang servers (started here if they are not), for `server.engine: sglang`."""
     if cfg.server.engine == "sglang" and not servers:
         raise ValueError("server.engine is sglang: synthesize needs the run's SGLang servers (see open_servers)")
-    check_synthesis(cfg, store, model_dir)  # before anything is written
+    source_fp = dataset_fingerprint(cfg.data)
+    summary = read_summary(store)
+    current = store.read_prepared_manifest()
+    if legacy_current(cfg, store, model_dir, source_fp) and summary is not None and not summary.failed:
+        assert current is not None  # a synthesis from before synthesis could grow, of these very inputs
+        return Synthesized(current, summary)
+    check_synthesis(cfg, store, model_dir, source_fp)  # before anything is written
     chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
     tok_sha = tokenizer_fingerprint(model_dir)
     source = prepare_source(cfg, store, model_dir)  # grown by an intake when the dataset grew (quiet)
     key = synthesized_key(cfg, model_dir).model_copy(update={"source_prepared_at": source.created_at})
     settings = settings_fingerprint(key, cfg.synthesize.on_truncated)
     prepared_fp = synthesis_fingerprint(settings, source.dataset_fingerprint)
-    current = store.read_prepared_manifest()
-    summary = read_summary(store)
     if is_current(current, store, prepared_fp, tok_sha, cfg.data) and summary is not None and not summary.failed:
         assert current is not None
         return Synthesized(current, summary)

@@ -153,3 +153,34 @@ def test_a_synthesized_store_prepared_without_synthesize_is_refused(tmp_path: Pa
     with pytest.raises(PreflightError, match=r"prepare without synthesize(.|\n)*Add synthesize to stages"):
         check_run(config(tmp_path, ["prepare", "extract"]), model)
     check_run(config(tmp_path, ["extract"]), model)  # extracting what is prepared mixes nothing
+
+
+def test_a_synthesis_from_before_growing_is_used_with_its_own_inputs_and_refused_once_they_grew(
+    tmp_path: Path, model: Path
+) -> None:
+    """A store synthesized and extracted by the version before synthesis could grow (eagle3-synthesized/2): an
+    unchanged re-run passes (make demo twice), a grown dataset is refused naming the format, before any stage."""
+    import hashlib
+
+    from eagle3.data.prepare import dataset_fingerprint
+    from eagle3.model_files import model_fingerprint
+
+    (tmp_path / "grow").mkdir()
+    (tmp_path / "grow" / "day1.jsonl").write_text('{"messages": []}\n')
+    cfg = config(tmp_path)
+    store = made_by(cfg, model, synthesized=False)
+    old = {"format": "eagle3-synthesized/2", "source_fingerprint": dataset_fingerprint(cfg.data),
+           "model_sha256": model_fingerprint(model), "dtype": "bfloat16", "engine": "transformers",
+           "synthesize": cfg.synthesize.generation_key()}  # fmt: skip
+    atomic_write_json(store.synthesized_manifest_path, old)
+    key_fp = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    prepared = store.read_prepared_manifest()
+    assert prepared is not None
+    store.write_prepared_manifest(prepared.model_copy(update={
+        "dataset": f"synthesized:{cfg.data.dataset}",
+        "dataset_fingerprint": hashlib.sha256(f"{key_fp}:on_truncated=keep".encode()).hexdigest(),
+    }))  # fmt: skip
+    check_run(cfg, model)
+    (tmp_path / "grow" / "day2.jsonl").write_text('{"messages": []}\n')
+    with pytest.raises(SynthesisMixError, match=r"synthesized/manifest.json format: .*could not grow"):
+        check_run(cfg, model)
