@@ -563,7 +563,9 @@ def prepare(
     whether it has run.json)."""
     if not raw and "synthesize" in cfg.stages:
         existing = store.read_prepared_manifest()
-        if existing is not None and legacy_current(cfg, store, model_dir, dataset_fingerprint(cfg.data)):
+        legacy = existing is not None and existing.synthesis is None and existing.dataset.startswith(SYNTH)
+        if legacy and legacy_current(cfg, store, model_dir, dataset_fingerprint(cfg.data)):
+            assert existing is not None
             return existing  # a synthesis from before synthesis could grow, of these very inputs
         if existing is not None and existing.synthesis is not None:
             check_synthesis(cfg, store, model_dir)

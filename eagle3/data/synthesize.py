@@ -49,6 +49,7 @@ from eagle3.data.prepare import (
     synthesized_name,
     write_prepared,
 )
+from eagle3.data.synthesis_key import SYNTH as SYNTH_PREFIX
 from eagle3.data.synthesis_key import (
     SynthesisMixError,
     SynthesizedKey,
@@ -489,10 +490,11 @@ def synthesize(
     `servers`: the run's SGLang servers (started here if they are not), for `server.engine: sglang`."""
     if cfg.server.engine == "sglang" and not servers:
         raise ValueError("server.engine is sglang: synthesize needs the run's SGLang servers (see open_servers)")
-    source_fp = dataset_fingerprint(cfg.data)
     summary = read_summary(store)
     current = store.read_prepared_manifest()
-    if legacy_current(cfg, store, model_dir, source_fp) and summary is not None and not summary.failed:
+    legacy = current is not None and current.synthesis is None and current.dataset.startswith(SYNTH_PREFIX)
+    source_fp = dataset_fingerprint(cfg.data) if legacy else None  # hashes every source file: only when needed
+    if source_fp and legacy_current(cfg, store, model_dir, source_fp) and summary is not None and not summary.failed:
         assert current is not None  # a synthesis from before synthesis could grow, of these very inputs
         return Synthesized(current, summary)
     check_synthesis(cfg, store, model_dir, source_fp)  # before anything is written
