@@ -19,6 +19,7 @@ checks these lines and each package's own "May import:" line; lower lines never 
     model_files:  eagle3.store
     tiny_models:  eagle3.store, eagle3.model_files
     doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
+    preflight:    eagle3.config, eagle3.model_files, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
     cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.tiny_models, eagle3.store, eagle3.doctor
 
 Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the

@@ -13,6 +13,7 @@ from tasks.deployment_config import deployment_config
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task, run_dir_task
+from tasks.preflight import preflight_task
 from tasks.prepare import prepare_task
 from tasks.prompts import prompts_task
 from tasks.synthesize import synthesize_task
@@ -37,6 +38,7 @@ def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | S
     config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)
     config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once
+    preflight_task(config, model_dir)  # what a later stage would refuse, refused before the first runs
     with flow_context() as ctx:  # one launch of each SGLang server for prompts, synthesize and extract; then stopped
         if "prompts" in config.stages:
             prompts_task(config, model_dir, ctx)

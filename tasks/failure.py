@@ -31,6 +31,8 @@ FIRST_ERROR_CHARS = 2000
 #: The one thing to do when a stage fails, by the task (or subflow) that failed. `{run_dir}` is filled in.
 ADVICE = {
     "model": "Check `model`: a Hugging Face model directory with config.json and a tokenizer, or `demo`.",
+    "preflight": "The run's settings do not fit the store in `{run_dir}` (the error names the keys): set them "
+    "back to the values in `{run_dir}/run.json`, or give the run a new `run_dir`.",
     "prepare": "Fix what the first error names (the file, row or key), then run again: prepare redoes only what "
     "changed.",
     "synthesize": "Fix the cause the error names, then run again: finished generations are kept and only the "

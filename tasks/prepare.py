@@ -23,16 +23,22 @@ def prepare_task(config: PipelineConfig, model_dir: str) -> PreparedManifest:
     Deterministic, so never retried: a bad input fails the same way twice."""
     logger = get_run_logger()
     report = TaskProgress(logger, "prepare", key=run_key(config.run_dir, "prepare-progress"), unit="rows")
-    before = RunStore(config.run_dir).read_prepared_manifest()
+    store = RunStore(config.run_dir)
+    before = store.read_prepared_manifest()
+    source_before = store.synthesis_source().read_prepared_manifest()
     with report:
-        manifest = prepare(config, RunStore(config.run_dir), Path(model_dir), report)
+        manifest = prepare(config, store, Path(model_dir), report)
+    # with synthesize owning prepared/, the source grows in synthesized/source/ (eagle3.data.prepare.prepare)
+    source_only = before is not None and before.synthesis is not None and manifest.synthesis is None
+    where = store.synthesis_source() if source_only else store
+    before = source_before if source_only else before
     logger.info(
         "prepared %d samples (%d tokens, %d loss tokens) in %d shards under %s; %d bad rows, %d duplicates",
         manifest.num_samples,
         manifest.num_tokens,
         manifest.num_loss_tokens,
         len(manifest.shards),
-        RunStore(config.run_dir).prepared_dir,
+        where.prepared_dir,
         len(manifest.bad_rows),
         manifest.duplicates,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +29,11 @@ from eagle3.data.chat import ChatTokenizer, RowError, RowFormat, normalize_row, 
 from eagle3.data.source_files import SourceError, SourceFile, file_sha256, is_saved_dataset, list_source_files
 from eagle3.data.sources import SourceError as HubSourceError
 from eagle3.data.sources import data_sources, hub_fingerprint, hub_name, is_hub, load_hub
+from eagle3.data.synthesis_key import SYNTH, check_synthesis, legacy_current
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.store.fsio import read_json
+from eagle3.store.fsio import atomic_write_bytes
 from eagle3.store.run_store import DATA_MIX_KEYS, PREPARED_SCHEMA, BadRow, Intake, PreparedManifest, RunStore
-
-SYNTH = "synthesized:"  # PreparedManifest.dataset of a synthesized prepared/ (eagle3.data.synthesize)
 
 
 class PrepareError(RuntimeError):
@@ -233,17 +232,13 @@ def synthesized_name(dataset: str) -> str:
     return f"{SYNTH}{dataset}"
 
 
-def holds_synthesis_of(
-    m: PreparedManifest | None, store: RunStore, fingerprint: str, tok_sha: str, data: DataConfig
-) -> bool:
-    """Whether prepared/ (manifest m) is synthesize's output for the inputs whose fingerprint is `fingerprint`.
+def holds_synthesis_of(m: PreparedManifest | None, store: RunStore, source: PreparedManifest, tok_sha: str,
+                       data: DataConfig) -> bool:  # fmt: skip
+    """Whether prepared/ (manifest m) is synthesize's output for the source preparation `source` (its rows).
     Whether that synthesis matches the synthesize settings is synthesize's own check."""
-    if m is None or m.dataset != synthesized_name(data.dataset) or not store.synthesized_manifest_path.is_file():
+    if m is None or m.synthesis is None or m.synthesis.source_fingerprint != source.dataset_fingerprint:
         return False
-    # complete for this tokenizer and data config (as is_current checks any manifest), from these inputs
-    return is_current(m, store, m.dataset_fingerprint, tok_sha, data) and (
-        read_json(store.synthesized_manifest_path).get("source_fingerprint") == fingerprint
-    )
+    return is_current(m, store, m.dataset_fingerprint, tok_sha, data)
 
 
 class _ShardWriter:
@@ -309,7 +304,9 @@ def _tokenize_rows(
                 raise RowError(raw.error)
             assert raw.data is not None
             messages = normalize_row(raw.data, fmt or data.format)
-            tok = chat.tokenize(messages, data.max_length, data.truncate)
+            sid = sample_id(messages)
+            skip = sid in known or sid in seen  # the store holds it, or this pass did: no tokenizing
+            tok = None if skip else chat.tokenize(messages, data.max_length, data.truncate)
         except RowError as e:
             if data.on_bad_row == "fail":
                 raise BadRowError(
@@ -319,7 +316,6 @@ def _tokenize_rows(
             tally.bad.append(BadRow(file=raw.file, row=raw.row, reason=str(e)))
             counter.add(1, failed=1)
             continue
-        sid = sample_id(messages)
         if sid in known:
             tally.known.add(sid)
             counter.add(1, skipped=1)
@@ -328,6 +324,7 @@ def _tokenize_rows(
             tally.duplicates += 1
             counter.add(1, skipped=1)
             continue
+        assert tok is not None
         seen.add(sid)
         tally.loss_tokens += tok.num_loss_tokens
         writer.add(
@@ -374,7 +371,7 @@ def write_prepared(
     writer.remove_stale()
     intakes = []
     if files is not None:
-        intakes.append(_intake_record(files, [], writer, tally, fingerprint, vanished=0))
+        intakes.append(_intake_record({f.name: f.sha256 for f in files}, [], writer, tally, fingerprint, vanished=0))
     manifest = PreparedManifest(
         dataset=dataset,
         dataset_fingerprint=fingerprint,
@@ -396,10 +393,10 @@ def write_prepared(
 
 
 def _intake_record(
-    files: list[SourceFile], missing: list[str], writer: _ShardWriter, tally: _Tally, fingerprint: str, vanished: int
+    files: dict[str, str], missing: list[str], writer: _ShardWriter, tally: _Tally, fingerprint: str, vanished: int
 ) -> Intake:
     return Intake(
-        files={f.name: f.sha256 for f in files},
+        files=files,
         missing_files=missing,
         new_samples=sum(writer.shards),
         new_tokens=sum(writer.shard_tokens),
@@ -420,21 +417,25 @@ def mixing_differences(old: PreparedManifest, tok_sha: str, data: DataConfig) ->
                      f"now {tok_sha[:12]}")  # fmt: skip
     now = data.model_dump(mode="json")
     for k in DATA_MIX_KEYS:
-        if old.config.get(k) != now[k]:
+        if k in old.config and old.config[k] != now[k]:  # a key the store predates was at its default
             diffs.append(f"data.{k}: store has {old.config.get(k)!r}, now {now[k]!r}")
     return diffs
 
 
-def _can_grow(old: PreparedManifest, store: RunStore, tok_sha: str, data: DataConfig) -> bool:
-    """Whether an intake may append to `old`. Once the store has run.json (samples were extracted) the answer
-    is yes or a refusal: its prepared shards are never rewritten."""
-    extracted = store.read_run_info() is not None
+def _can_grow(old: PreparedManifest, store: RunStore, tok_sha: str, data: DataConfig, extracted: bool) -> bool:
+    """Whether an intake may append to `old`. Once samples were extracted (`extracted`: the store has run.json, or
+    the store whose synthesis this source feeds has) the answer is yes or a refusal: prepared shards are never
+    rewritten."""
     missing = [p for p in map(store.prepared_shard_path, range(len(old.shards))) if not p.is_file()]
     diffs = mixing_differences(old, tok_sha, data)
     if not extracted:  # nothing extracted yet: any change may simply prepare again from scratch
         return not (missing or diffs or old.config != data.model_dump(mode="json") or old.dataset.startswith(SYNTH))
-    if old.dataset.startswith(SYNTH):
-        return False  # synthesize owns prepared/ (it prepares the source again and regenerates)
+    if old.dataset.startswith(SYNTH):  # synthesize owns prepared/: the source would replace the target's answers
+        raise PrepareError(
+            f"{store.prepared_dir} holds the target's answers (synthesize) and {store.run_json} says samples were "
+            "extracted from them; the dataset's own answers would be mixed in. Keep `synthesize` in stages "
+            "(prepare, synthesize, ...), or choose a new run_dir for a store of the dataset's own answers"
+        )
     if missing:
         raise StoreMismatchError(
             f"{missing[0]}: prepared shard missing in a store that has extracted samples ({store.run_json}); "
@@ -479,15 +480,45 @@ def take_in(
     if is_saved_dataset(Path(cfg.data.dataset)) and new:
         new = files  # read whole
     ids, by_file = _store_sources(store, old) if new or missing else (set(), {})
-    limit = None if cfg.data.max_samples is None else max(0, cfg.data.max_samples - old.num_samples)
     total, rows = read_rows(cfg.data, new) if new else (0, iter(()))
-    counter = _progress("prepare", total, limit, report)
-    writer = _ShardWriter(store, cfg.data.shard_size, first=len(old.shards))
-    tally = _tokenize_rows(rows, chat, cfg.data, writer, counter, known=ids, limit=limit, fmt=None)
     reread = {f.name for f in new if f.name in old.files} | set(missing)
-    vanished = sum(1 for name in reread for sid in by_file.get(name, []) if sid not in tally.known)
+
+    def vanished(known: set[str]) -> int:
+        return sum(1 for name in reread for sid in by_file.get(name, []) if sid not in known)
+
+    return append_prepared(
+        store, old, rows, chat, cfg.data, known=ids, total=total, fingerprint=fingerprint,
+        files={f.name: f.sha256 for f in new}, missing=missing, vanished=vanished, report=report,
+    )  # fmt: skip
+
+
+def append_prepared(
+    store: RunStore,
+    old: PreparedManifest,
+    rows: Iterable[RawRow],
+    chat: ChatTokenizer,
+    data: DataConfig,
+    *,
+    known: set[str],
+    total: int,
+    fingerprint: str,
+    files: dict[str, str],
+    missing: list[str] | None = None,
+    vanished: Callable[[set[str]], int] = lambda _: 0,
+    report: ProgressFn = no_progress,
+    stage: str = "prepare",
+    fmt: RowFormat | None = None,
+) -> PreparedManifest:
+    """Append the rows whose sample id is not in `known` as new prepared shards after `old`'s last one and record
+    the intake (`files` read, `missing` files); the manifest is written last, so a kill before it leaves the old
+    manifest and the new shards unlisted. Existing shards are never rewritten (prepare's intake, synthesize)."""
+    missing = missing or []
+    limit = None if data.max_samples is None else max(0, data.max_samples - old.num_samples)
+    counter = _progress(stage, total, limit, report)
+    writer = _ShardWriter(store, data.shard_size, first=len(old.shards))
+    tally = _tokenize_rows(rows, chat, data, writer, counter, known=known, limit=limit, fmt=fmt)
     m = old.model_copy(deep=True)
-    m.dataset, m.dataset_fingerprint, m.config = cfg.data.dataset, fingerprint, cfg.data.model_dump(mode="json")
+    m.dataset_fingerprint, m.config = fingerprint, data.model_dump(mode="json")
     m.num_samples += sum(writer.shards)
     m.num_tokens += sum(writer.shard_tokens)
     m.num_loss_tokens += tally.loss_tokens
@@ -495,16 +526,40 @@ def take_in(
     m.shard_tokens += writer.shard_tokens
     m.bad_rows += tally.bad
     m.duplicates += tally.duplicates
-    m.files = {**{k: v for k, v in old.files.items() if k not in missing}, **{f.name: f.sha256 for f in new}}
-    if new or missing:
-        m.intakes.append(_intake_record(new, missing, writer, tally, fingerprint, vanished))
-    store.write_prepared_manifest(m)  # last: a kill before it leaves the old manifest, and new shards unlisted
+    m.files = {**{k: v for k, v in old.files.items() if k not in missing}, **files}
+    if files or missing or writer.shards:
+        m.intakes.append(_intake_record(files, missing, writer, tally, fingerprint, vanished(tally.known)))
+    store.write_prepared_manifest(m)
     counter.finish()
     return m
 
 
+def prepare_source(
+    cfg: PipelineConfig, store: RunStore, model_dir: Path, report: ProgressFn = no_progress
+) -> PreparedManifest:
+    """The source that synthesize answers, prepared (or grown by an intake) in synthesized/source/: refused as
+    prepare refuses once the store's samples were extracted. A first synthesize adopts the prepare stage's output
+    in prepared/ (copied) instead of tokenizing again."""
+    source = store.synthesis_source()
+    main = store.read_prepared_manifest()
+    if source.read_prepared_manifest() is None and main is not None and main.synthesis is None:
+        files = source_files(cfg.data)
+        if is_current(main, store, dataset_fingerprint(cfg.data, files), tokenizer_fingerprint(model_dir), cfg.data):
+            for i in range(len(main.shards)):
+                atomic_write_bytes(source.prepared_shard_path(i), store.prepared_shard_path(i).read_bytes())
+            source.write_prepared_manifest(main)
+    extracted = store.read_run_info() is not None
+    return prepare(cfg, source, model_dir, report, raw=True, extracted=extracted)
+
+
 def prepare(
-    cfg: PipelineConfig, store: RunStore, model_dir: Path, report: ProgressFn = no_progress, *, raw: bool = False
+    cfg: PipelineConfig,
+    store: RunStore,
+    model_dir: Path,
+    report: ProgressFn = no_progress,
+    *,
+    raw: bool = False,
+    extracted: bool | None = None,
 ) -> PreparedManifest:
     """Prepare cfg.data into store/prepared; returns the existing manifest when inputs are unchanged.
 
@@ -512,10 +567,24 @@ def prepare(
     changed) and appends new samples (eagle3.data.prepare.take_in). A tokenizer or max_length change is refused once
     samples were extracted; before that, any change prepares again from scratch.
 
-    When the run synthesizes (cfg.stages) and prepared/ holds the synthesis of these very inputs, that is returned
-    as it is: preparing the source again would only be undone by synthesize (and would leave the source, not the
-    synthesis, in prepared/ until it had). `raw`: the source's own preparation in any case (what synthesize
-    regenerates from when its settings changed)."""
+    When the run synthesizes (cfg.stages) and prepared/ holds a synthesis, prepared/ is synthesize's: the source
+    is prepared (grown) in synthesized/source/ instead, and the synthesis is returned when it answers exactly
+    that source (else the source's manifest: synthesize answers what is new). A synthesize setting the store's
+    extracted samples were not made with is refused here, before anything is written. `raw`: the source's own
+    preparation in this store in any case. `extracted`: whether samples were extracted from this store (None:
+    whether it has run.json)."""
+    if not raw and "synthesize" in cfg.stages:
+        existing = store.read_prepared_manifest()
+        legacy = existing is not None and existing.synthesis is None and existing.dataset.startswith(SYNTH)
+        if legacy and legacy_current(cfg, store, model_dir, dataset_fingerprint(cfg.data)):
+            assert existing is not None
+            return existing  # a synthesis from before synthesis could grow, of these very inputs
+        if existing is not None and existing.synthesis is not None:
+            check_synthesis(cfg, store, model_dir)
+            source = prepare_source(cfg, store, model_dir, report)
+            if holds_synthesis_of(existing, store, source, tokenizer_fingerprint(model_dir), cfg.data):
+                return existing
+            return source
     files = source_files(cfg.data)
     fingerprint = dataset_fingerprint(cfg.data, files)
     tok_sha = tokenizer_fingerprint(model_dir)
@@ -523,11 +592,9 @@ def prepare(
     if is_current(existing, store, fingerprint, tok_sha, cfg.data):
         assert existing is not None
         return existing
-    if not raw and "synthesize" in cfg.stages and holds_synthesis_of(existing, store, fingerprint, tok_sha, cfg.data):
-        assert existing is not None
-        return existing
     chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
-    if existing is not None and _can_grow(existing, store, tok_sha, cfg.data):
+    extracted = store.read_run_info() is not None if extracted is None else extracted
+    if existing is not None and _can_grow(existing, store, tok_sha, cfg.data, extracted):
         return take_in(cfg, store, existing, files, chat, fingerprint=fingerprint, report=report)
     total, rows = read_rows(cfg.data, files)
     return write_prepared(

@@ -15,15 +15,18 @@ is done; a kill loses only the samples in flight and a re-run generates exactly 
 A sample that failed (the template refused it, the server refused or kept failing its request) gets no
 file: it is listed (row, reason) in synthesized/summary.json and the artifact, the others go on, and the
 next run of the stage retries exactly those. synthesized/manifest.json records what the generations depend
-on (source fingerprint, model fingerprint, dtype, engine, generation settings); files under another key are
-cleared.
+on (eagle3/data/synthesis_key.py: model, tokenizer, dtype, data and generation settings, not the rows); files
+under another key are cleared, or, once samples were extracted, the run is refused naming the key.
+
+A synthesis grows: the source is prepared in synthesized/source/ (an intake there when the dataset grew), only
+prompts with no generation are answered, and their samples are appended to prepared/ as new shards with an
+intake record (eagle3.data.prepare.append_prepared); nothing prepared or extracted before is rewritten.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
-import hashlib
 import json
 import os
 import threading
@@ -39,39 +42,35 @@ from eagle3.config import PipelineConfig, ServerConfig, SynthesizeConfig
 from eagle3.data.chat import ChatTokenizer, Message, RowError, split_reasoning
 from eagle3.data.prepare import (
     RawRow,
+    append_prepared,
     dataset_fingerprint,
     is_current,
-    prepare,
+    prepare_source,
     read_json_lines,
     synthesized_name,
     write_prepared,
 )
+from eagle3.data.synthesis_key import SYNTH as SYNTH_PREFIX
+from eagle3.data.synthesis_key import (
+    SynthesisMixError,
+    SynthesizedKey,
+    check_synthesis,
+    legacy_current,
+    settings_fingerprint,
+    synthesis_fingerprint,
+    synthesized_key,
+)
 from eagle3.data.user_turns import clean_user_text, next_user_messages, sample_seed
 from eagle3.device import resolve_device
-from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
+from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import Progress, ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.generation import GenerationClient, GenerationFailed, Server
 from eagle3.store.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json
-from eagle3.store.run_store import DTYPES, BadRow, PreparedManifest, RunStore
+from eagle3.store.run_store import DTYPES, BadRow, Intake, PreparedManifest, RunStore, SynthesisOf
 from eagle3.store.sample_ids import sample_keys
 
+SYN = "synthesize: "  # the reason's prefix of a bad row that is a sample synthesize failed
 HEARTBEAT_S = 5.0  # the progress report's longest silence while requests are in flight
-
-
-class SynthesizedKey(BaseModel):
-    """synthesized/manifest.json: everything the generated text depends on."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: str = "eagle3-synthesized/2"
-    source_fingerprint: str
-    model_sha256: str
-    dtype: str
-    engine: str
-    synthesize: dict
-
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
 class FailedRow(BaseModel):
@@ -460,7 +459,7 @@ def _jobs(store: RunStore, source: PreparedManifest, scfg: SynthesizeConfig) -> 
             todo.append([])
             done += n * scfg.samples_per_prompt
             continue
-        table = store.read_prepared_shard(shard).to_pydict()
+        table = store.synthesis_source().read_prepared_shard(shard).to_pydict()
         jobs = []
         for sid, src, msgs in zip(table["sample_id"], table["source"], table["messages"], strict=True):
             for job in expand_jobs(sid, src, json.loads(msgs), scfg):
@@ -473,7 +472,7 @@ def _jobs(store: RunStore, source: PreparedManifest, scfg: SynthesizeConfig) -> 
 
 
 def _shard_keys(store: RunStore, shard: int, samples_per_prompt: int) -> list[str]:
-    ids = store.read_prepared_shard(shard).column("sample_id").to_pylist()
+    ids = store.synthesis_source().prepared_ids(shard)
     return [key for sid in ids for key in sample_keys(sid, samples_per_prompt)]
 
 
@@ -518,24 +517,23 @@ def synthesize(
     `servers`: the run's SGLang servers (started here if they are not), for `server.engine: sglang`."""
     if cfg.server.engine == "sglang" and not servers:
         raise ValueError("server.engine is sglang: synthesize needs the run's SGLang servers (see open_servers)")
+    summary = read_summary(store)
+    current = store.read_prepared_manifest()
+    legacy = current is not None and current.synthesis is None and current.dataset.startswith(SYNTH_PREFIX)
+    source_fp = dataset_fingerprint(cfg.data) if legacy else None  # hashes every source file: only when needed
+    if source_fp and legacy_current(cfg, store, model_dir, source_fp) and summary is not None and not summary.failed:
+        assert current is not None  # a synthesis from before synthesis could grow, of these very inputs
+        return Synthesized(current, summary)
+    check_synthesis(cfg, store, model_dir, source_fp)  # before anything is written
     chat = ChatTokenizer.from_model_dir(model_dir, cfg.data)
     tok_sha = tokenizer_fingerprint(model_dir)
-    source_fp = dataset_fingerprint(cfg.data)
-    key = SynthesizedKey(
-        source_fingerprint=source_fp,
-        model_sha256=model_fingerprint(model_dir),
-        dtype=cfg.server.dtype,
-        engine=cfg.server.engine,
-        synthesize=cfg.synthesize.generation_key(),
-    )
-    prepared_fp = hashlib.sha256(f"{key.fingerprint()}:on_truncated={cfg.synthesize.on_truncated}".encode()).hexdigest()
-    current = store.read_prepared_manifest()
-    summary = read_summary(store)
+    source = prepare_source(cfg, store, model_dir)  # grown by an intake when the dataset grew (quiet)
+    key = synthesized_key(cfg, model_dir).model_copy(update={"source_prepared_at": source.created_at})
+    settings = settings_fingerprint(key, cfg.synthesize.on_truncated)
+    prepared_fp = synthesis_fingerprint(settings, source.dataset_fingerprint)
     if is_current(current, store, prepared_fp, tok_sha, cfg.data) and summary is not None and not summary.failed:
         assert current is not None
         return Synthesized(current, summary)
-    source = current if is_current(current, store, source_fp, tok_sha, cfg.data) else None
-    source = source or prepare(cfg, store, model_dir, raw=True)  # prepared/ may hold an older synthesis (quiet)
     _claim_dir(store, key)
     store.synthesized_samples_dir.mkdir(parents=True, exist_ok=True)
     todo, done_before = _jobs(store, source, cfg.synthesize)
@@ -563,29 +561,74 @@ def synthesize(
         for rec in _records(store, source, n)
         if not (cfg.synthesize.on_truncated == "drop" and rec.get("unfinished_turns", 0))
     )
-    manifest = write_prepared(
-        rows,
-        chat,
-        cfg.data,
-        store,
-        dataset=synthesized_name(cfg.data.dataset),
-        fingerprint=prepared_fp,
-        tokenizer_sha256=tok_sha,
-        total=source.num_samples * n - len(failed) - summary.dropped_truncated,
-        report=report,
-        stage="synthesize-tokenize",
-        fmt="openai",
+    total = source.num_samples * n - len(failed) - summary.dropped_truncated
+    failed_rows = [BadRow(file=f, row=r, reason=f"{SYN}{x.reason}") for x in failed for f, r in [_file_row(x.row)]]
+    synthesis = SynthesisOf(
+        settings_fingerprint=settings, source_fingerprint=source.dataset_fingerprint, source_intakes=len(source.intakes)
     )
-    failed_rows = [
-        BadRow(file=f, row=r, reason=f"synthesize: {x.reason}") for x in failed for f, r in [_file_row(x.row)]
-    ]
+    if _grows(current, store, settings, tok_sha, cfg):
+        assert current is not None and current.synthesis is not None
+        known = {sid for i in range(len(current.shards)) for sid in store.prepared_ids(i)}
+        since = source.intakes[current.synthesis.source_intakes :]  # the source's intakes not answered before
+        new_files = {k: v for i in since for k, v in i.files.items()}
+        manifest = append_prepared(
+            store, current, rows, chat, cfg.data, known=known, total=total, fingerprint=prepared_fp,
+            files=new_files, report=report, stage="synthesize-tokenize", fmt="openai",
+        )  # fmt: skip
+        if since and len(manifest.intakes) > len(current.intakes):  # what the source's intakes saw, recorded here too
+            last = manifest.intakes[-1]
+            last.missing_files = sorted({f for i in since for f in i.missing_files})
+            last.known_samples = sum(i.known_samples for i in since)  # not the old answers read again
+            last.vanished_samples = sum(i.vanished_samples for i in since)
+        # bad rows: the source's, the tokenize step's (before and now), and the samples that failed in this run
+        old_tokenize = [b for b in current.bad_rows if b not in source.bad_rows and not b.reason.startswith(SYN)]
+        bad = [*source.bad_rows, *old_tokenize, *manifest.bad_rows[len(current.bad_rows) :]]
+    else:
+        if store.read_run_info() is not None:  # check_synthesis refuses this first; never rewrite extracted data
+            raise SynthesisMixError(f"{store.prepared_dir}: cannot append to it and samples were extracted from it "
+                                    f"({store.run_json}); restore its shards or choose a new run_dir")  # fmt: skip
+        manifest = write_prepared(
+            rows, chat, cfg.data, store, dataset=synthesized_name(cfg.data.dataset), fingerprint=prepared_fp,
+            tokenizer_sha256=tok_sha, total=total, report=report, stage="synthesize-tokenize", fmt="openai",
+        )  # fmt: skip
+        bad = [*source.bad_rows, *manifest.bad_rows]
+        manifest = manifest.model_copy(
+            update={"files": dict(source.files), "intakes": [_first_intake(manifest, source)]}
+        )
     manifest = manifest.model_copy(  # the input's bad rows stay listed, with the samples that failed here
-        update={"bad_rows": [*source.bad_rows, *manifest.bad_rows, *failed_rows], "duplicates": source.duplicates}
-    )
+        update={"bad_rows": [*bad, *failed_rows], "duplicates": source.duplicates, "synthesis": synthesis,
+                "files": dict(source.files)}
+    )  # fmt: skip
     store.write_prepared_manifest(manifest)
     atomic_write_json(summary_path(store), summary.model_dump(mode="json"))
     report(final)  # the stage's last figure is the generation's, not the tokenize step's
     return Synthesized(manifest, summary)
+
+
+def _grows(current: PreparedManifest | None, store: RunStore, settings: str, tok_sha: str, cfg: PipelineConfig) -> bool:
+    """Whether prepared/ is a synthesis made under these settings that new answers may be appended to; else it is
+    written again from shard 0 (allowed only before extraction: eagle3.data.synthesis_key.check_synthesis)."""
+    return (
+        current is not None
+        and current.synthesis is not None
+        and current.synthesis.settings_fingerprint == settings
+        and current.tokenizer_sha256 == tok_sha
+        and all(store.prepared_shard_path(i).is_file() for i in range(len(current.shards)))
+    )
+
+
+def _first_intake(manifest: PreparedManifest, source: PreparedManifest) -> Intake:
+    """The intake record of a synthesis written from shard 0: every source file, every sample."""
+    return Intake(
+        files=dict(source.files),
+        new_samples=manifest.num_samples,
+        new_tokens=manifest.num_tokens,
+        shards=list(range(len(manifest.shards))),
+        known_samples=0,
+        vanished_samples=0,
+        bad_rows=len(manifest.bad_rows),
+        dataset_fingerprint=manifest.dataset_fingerprint,
+    )
 
 
 def _file_row(source: str) -> tuple[str, int]:

@@ -3,6 +3,7 @@
     <run_dir>/run.json                                 RunInfo (eagle3/store/run_store.py); import.json after an import
     <run_dir>/prepared/manifest.json, shard-NNNNN.arrow
     <run_dir>/synthesized/manifest.json, summary.json, shard-NNNNN.jsonl, samples/<sample_id>.json
+    <run_dir>/synthesized/source/prepared/           the source synthesize answers (grows by intake, as prepared/)
     <run_dir>/shards/shard-NNNNN/manifest.json, <sample_id>.safetensors
     <run_dir>/leases/shard-NNNNN.lease                 who extracts a shard (eagle3/store/lease.py)
     <run_dir>/quarantine/shard-NNNNN/                  bad and orphan sample files (eagle3/store/verify.py)
@@ -141,6 +142,12 @@ class RunPaths:
 
     def synthesized_sample_path(self, sample_id: str) -> Path:
         return self.synthesized_samples_dir / f"{sample_id}.json"
+
+    @property
+    def synthesis_source_root(self) -> Path:
+        """The root of the source's own preparation (its prepared/ grows by intake): what synthesize answers.
+        Synthesized shard and sample files are keyed by this preparation's shards and sample ids."""
+        return self.synthesized_dir / "source"
 
     # extracted samples -------------------------------------------------------------------
     @property

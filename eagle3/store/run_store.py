@@ -36,7 +36,7 @@ from eagle3.store.sample_format import (
 
 ShardStatus = Literal["pending", "running", "complete", "partial", "failed"]
 #: data settings that change what a sample is: a store never mixes samples made under two of them.
-DATA_MIX_KEYS = ("max_length", "truncate")
+DATA_MIX_KEYS = ("max_length", "truncate", "chat_template", "chat_template_kwargs")
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 STORE_DTYPES = {**DTYPES, FP8_NAME: FP8}  # what run.json's store_dtype may say
 
@@ -134,6 +134,16 @@ class BadRow(Record):
     reason: str
 
 
+class SynthesisOf(Record):
+    """What a synthesized prepared/ was made from: the settings that must never mix (model, tokenizer, dtype, data
+    settings, the synthesize generation settings and on_truncated; eagle3.data.synthesis_key), and the source's
+    preparation as of the last synthesize (its dataset fingerprint: the rows)."""
+
+    settings_fingerprint: str
+    source_fingerprint: str
+    source_intakes: int = 0  # the source's intakes answered so far (the next synthesis records those after them)
+
+
 class PreparedManifest(Record):
     dataset: str
     dataset_fingerprint: str
@@ -149,6 +159,7 @@ class PreparedManifest(Record):
     created_at: str = Field(default_factory=now)
     files: dict[str, str] = Field(default_factory=dict, description="source files taken in so far -> sha256")
     intakes: list[Intake] = Field(default_factory=list)
+    synthesis: SynthesisOf | None = None  # set when synthesize wrote prepared/ (the target's answers)
 
 
 PREPARED_SCHEMA = pa.schema(
@@ -173,6 +184,10 @@ class RunStore(RunPaths):
                 return {e.name: e.stat().st_size for e in it if e.name.endswith(SAMPLE_SUFFIX) and e.is_file()}
         except FileNotFoundError:
             return {}
+
+    def synthesis_source(self) -> RunStore:
+        """The store whose prepared/ holds the source that synthesize answers (synthesized/source/)."""
+        return RunStore(self.synthesis_source_root)
 
     # run.json ----------------------------------------------------------------------------
     def read_run_info(self) -> RunInfo | None:

@@ -280,3 +280,38 @@ def test_the_fanout_flow_runs_one_child_per_node_queue_and_they_fill_the_run_byt
             limit=1,
         )
     assert float(progress.data) == 100.0 and f"{len(CHATS)}/{len(CHATS)} samples" in (progress.description or "")
+
+
+def test_a_grown_store_fanned_out_over_two_nodes_extracts_only_the_new_shards_once(
+    reference: RunStore, tmp_path: Path, two_node_workers: str, demo_model: Path
+) -> None:
+    """grow x two extraction nodes on one run directory: each night's fan-out extracts exactly the shards its intake
+    appended (each by one child), leaves the old files as they were, and the grown store is byte-identical to the
+    one-server store of all the rows."""
+    from eagle3.data.prepare import prepare
+    from flows.extract_fanout import extract_fanout_flow
+    from tests.integration.test_intake import snapshot
+    from tests.landing import drop
+
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in CHATS]
+    folder = tmp_path / "grow"
+    folder.mkdir()
+    drop(folder, "day1.jsonl", rows[:4])
+    cfg = load_config(write_config(tmp_path, tmp_path / "grown", "stages=[extract]", f"data.dataset={folder}"))
+    store = RunStore(cfg.run_dir)
+
+    def fan_out() -> list[int]:
+        state = extract_fanout_flow(cfg, work_queues=["node-a", "node-b"], poll_s=2.0, return_state=True)
+        assert state.is_completed(), state.message
+        return sorted(s for c in state.result().children for s in c.extracted)
+
+    prepare(cfg, store, demo_model)
+    assert fan_out() == [0, 1]
+    before = snapshot(store)
+    drop(folder, "day2.jsonl", rows[4:])
+    assert prepare(cfg, store, demo_model).intakes[-1].shards == [2, 3]
+    assert fan_out() == [2, 3]  # only the new shards, each by exactly one child
+    assert {k: v for k, v in snapshot(store).items() if k in before} == before  # same bytes, same mtimes
+    info = store.read_run_info()
+    assert info is not None and [i.new_samples for i in info.intakes] == [4, 4]
+    assert store_contents(store) == store_contents(reference)  # parity with one server over all the rows

@@ -1,8 +1,9 @@
 """The schedule fires: the node as `deploy/serve.sh start` leaves it (real Prefect server, its scheduler on and
 looking every 2 s, the pool, a process worker), plus a pipeline deployment with a short interval schedule over a
-folder of traffic. Between two scheduled runs new rows land in the folder: the first run that starts after them
-takes in exactly the new samples (each extracted once, in a new shard) and leaves every old file as it was
-(same bytes, same mtimes). run_dir is a template ({model_sha}), filled in by each run."""
+folder of traffic, with synthesize in its stages (the target answers the prompts). Between two scheduled runs new
+rows land in the folder: the first run that starts after them answers and takes in exactly the new samples (each
+generated once, extracted once, in a new shard) and leaves every old file as it was (same bytes, same mtimes).
+run_dir is a template ({model_sha}), filled in by each run."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from eagle3.data.synthesize import read_summary
 from eagle3.store.run_store import RunStore
 from tests.landing import drop
 from tests.ports import free_port
@@ -99,7 +101,9 @@ def wait_for_run(client: Any, deployment_id: Any, started_after: float, timeout_
 
 
 def snapshot(store: RunStore) -> dict[str, tuple[bytes, int]]:
-    files = [*store.prepared_dir.glob("shard-*.arrow"), *(store.root / "shards").rglob("*")]
+    source = store.synthesis_source().prepared_dir.glob("shard-*.arrow")
+    files = [*store.prepared_dir.glob("shard-*.arrow"), *(store.root / "shards").rglob("*"),
+             *store.synthesized_shard_paths(), *source]  # fmt: skip
     return {str(p): (p.read_bytes(), p.stat().st_mtime_ns) for p in files if p.is_file()}
 
 
@@ -130,8 +134,9 @@ def test_a_scheduled_run_after_new_rows_landed_extracts_exactly_them_and_leaves_
         "run_dir": str(tmp_path / "runs" / "traffic-{model_sha}"),
         "model": "demo",
         "data_dir": str(REPO / "data"),
-        "stages": ["prepare", "extract"],
+        "stages": ["prepare", "synthesize", "extract"],
         "data": {"dataset": str(traffic), "max_length": 128, "shard_size": 4},
+        "synthesize": {"max_new_tokens": 8},
         "server": {"engine": "transformers", "device": "cpu"},
         "extract": {"shard_retries": 0},
     }
@@ -169,6 +174,9 @@ def test_a_scheduled_run_after_new_rows_landed_extracts_exactly_them_and_leaves_
     prepared = store.read_prepared_manifest()
     assert prepared is not None and prepared.shards == [4, 3]
     assert [i.new_samples for i in prepared.intakes] == [4, 3] and prepared.intakes[1].known_samples == 1
+    assert prepared.synthesis is not None and list(prepared.intakes[1].files) == [str(traffic / "day2.jsonl")]
+    summary = read_summary(store)
+    assert summary is not None and summary.generated == 3  # only the new prompts were answered
     new_ids = {s.sample_id for s in store.prepared_samples(1)}
     m = store.read_manifest(1)
     assert m is not None and m.status == "complete" and set(m.samples) == new_ids

@@ -245,3 +245,30 @@ def test_fp8_requests_are_quantized_by_the_hook_through_chunked_prefill_into_a_v
                               median=0.06, worst=0.25)  # fmt: skip
         assert_same_layer(deq.last_hidden_state, hf_states[s.sample_id][-1], f"{s.sample_id} last",
                           median=0.06, worst=0.25)  # fmt: skip
+
+
+def test_a_grown_store_extracts_only_the_new_samples_through_sglang(env: dict[str, Any], demo_model: Path) -> None:
+    """grow x SGLang extraction: the intake's new shard, and only it, goes to the capturing server; old files stay
+    as they were (bytes and mtimes) and run.json lists both intakes."""
+    from eagle3.data.prepare import prepare
+    from tests.integration.test_intake import conversation, extract_all, snapshot
+    from tests.landing import drop
+
+    traffic = env["root"] / "grow-traffic"
+    traffic.mkdir()
+    drop(traffic, "day1.jsonl", [conversation(i) for i in range(3)])
+    cfg = env["cfg"].model_copy(deep=True)
+    cfg.run_dir = str(env["root"] / "grow-store")
+    cfg.data = cfg.data.model_copy(update={"dataset": str(traffic), "shard_size": 3, "max_length": 128})
+    store = RunStore(cfg.run_dir)
+    engine = engine_for(env, "grow")
+    prepare(cfg, store, demo_model)
+    assert len(extract_all(cfg, store, demo_model, engine)) == 3
+    before = snapshot(store)
+    drop(traffic, "day2.jsonl", [conversation(i) for i in range(3, 5)])
+    assert prepare(cfg, store, demo_model).shards == [3, 2]
+    assert sorted(extract_all(cfg, store, demo_model, engine)) == sorted(store.prepared_ids(1))  # once each
+    assert {k: v for k, v in snapshot(store).items() if k in before} == before
+    info = store.read_run_info()
+    assert info is not None and info.engine == "sglang" and [i.new_samples for i in info.intakes] == [3, 2]
+    assert [p.name for p in env["dump_dir"].iterdir() if p.name != proto.STATUS_DIR] == []

@@ -192,3 +192,29 @@ def test_requests_that_keep_timing_out_are_given_up_per_row_after_the_retries_wi
             "no answer within 0s (synthesize.request_timeout_s)" in f.reason and ".1-" in f.reason
         )  # the resend's rid
     assert out.manifest.num_samples == 0 and server.is_alive()
+
+
+def test_a_grown_dataset_is_answered_through_sglang_only_for_its_new_prompts(
+    tmp_path: Path, demo_model: Path, server: SGLangServer
+) -> None:
+    """grow x synthesize (sglang engine): the second intake's prompts, and only they, go to the server, and their
+    samples are appended to prepared/ as new shards; old prepared and synthesized files stay as they were."""
+    from tests.integration.test_grow_synthesize import store_files
+    from tests.integration.test_intake import conversation
+    from tests.landing import drop
+
+    traffic = tmp_path / "grow"
+    traffic.mkdir()
+    drop(traffic, "day1.jsonl", [conversation(i) for i in range(4)])
+    cfg = config(tmp_path / "run", demo_model, traffic, max_new_tokens=8)
+    store = RunStore(cfg.run_dir)
+    first = synth.synthesize(cfg, store, demo_model, servers=[server])
+    assert first.summary.generated == 4 and first.manifest.shards == [4]
+    before = store_files(store)
+    drop(traffic, "day2.jsonl", [conversation(i) for i in range(4, 6)] + [conversation(1)])
+    grown = synth.synthesize(cfg, store, demo_model, servers=[server])
+    assert grown.summary.generated == 2  # only the new prompts went to the server
+    m = grown.manifest
+    assert m.shards == [4, 2] and m.intakes[-1].shards == [1] and m.intakes[-1].known_samples == 1
+    assert sorted(r["source"] for r in records(store)[4:]) == [f"{traffic / 'day2.jsonl'}:{i}" for i in range(2)]
+    assert {k: v for k, v in store_files(store).items() if k in before} == before  # same bytes, same mtimes

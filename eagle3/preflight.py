@@ -1,0 +1,87 @@
+"""Pre-flight: what the run's stages would refuse on this store, refused before the first stage runs.
+
+A store grows (docs/formats.md, "A store grows"): new rows are welcome, another kind of sample is not. Each
+stage checks its own part when it runs (prepare: tokenizer and data keys; synthesize: its settings; extract:
+model, dtype, store dtype, aux layers); `check_run` asks all of those questions at the start, from the config,
+the model directory and the store's records (run.json, prepared/ and synthesized/ manifests), so a night's run
+fails in seconds naming the keys instead of at its third stage. It reads no sample file and loads no model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eagle3.config import PipelineConfig
+from eagle3.data.prepare import dataset_fingerprint, mixing_differences
+from eagle3.data.synthesis_key import SYNTH, check_synthesis
+from eagle3.extract.shard import store_dtype_of
+from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
+from eagle3.serving.aux_layers import resolve_aux_layers
+from eagle3.store.run_store import RunStore
+
+NEW_RUN_DIR = (
+    "Set the keys back to the store's values, or choose a new run_dir for the new settings (run_dir may contain "
+    "{date} or {model_sha}: docs/formats.md)."
+)
+
+
+class PreflightError(ValueError):
+    """The run's settings do not fit the store (or each other); the message names the keys and the fix."""
+
+
+def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
+    """Raise PreflightError (or the stage's own refusal: eagle3.data.synthesis_key.SynthesisMixError) naming every
+    key in which this run differs from what the store's extracted samples were made with. A store with no
+    extracted samples (no run.json) takes any settings: its stages prepare again from scratch."""
+    if "extract" in cfg.stages:  # the model's depth: refused here rather than once the engine starts
+        try:
+            resolve_aux_layers(cfg.extract.aux_layers, read_model_facts(model_dir).num_layers)
+        except ValueError as e:
+            raise PreflightError(f"{e}; model {model_dir}. Fix extract.aux_layers (or leave it unset).") from None
+    store = RunStore(cfg.run_dir)
+    info = store.read_run_info()
+    if info is None:
+        return
+    stages = set(cfg.stages)
+    prepared = store.read_prepared_manifest()
+    synthesized = prepared is not None and (prepared.synthesis is not None or prepared.dataset.startswith(SYNTH))
+    if "synthesize" in stages:
+        legacy = prepared is not None and prepared.synthesis is None and prepared.dataset.startswith(SYNTH)
+        check_synthesis(cfg, store, model_dir, dataset_fingerprint(cfg.data) if legacy else None)
+    elif "prepare" in stages and synthesized:
+        raise PreflightError(
+            f"{store.root}: stages {cfg.stages} prepare without synthesize, but the store's samples were extracted "
+            "from the target's answers (synthesize); the dataset's own answers would be mixed in. Add synthesize "
+            "to stages (prepare, synthesize, ...), or choose a new run_dir for a store of the dataset's own answers."
+        )
+    diffs: list[str] = []
+    tok_sha = tokenizer_fingerprint(model_dir)
+    if prepared is not None and stages & {"prepare", "synthesize"}:
+        diffs += mixing_differences(prepared, tok_sha, cfg.data)
+    if stages & {"prepare", "synthesize", "extract"}:
+        diffs += extract_differences(cfg, store, model_dir)
+    if diffs:
+        raise PreflightError(
+            f"{store.run_json}: this run's settings differ from those the store's samples were made with:\n  "
+            + "\n  ".join(dict.fromkeys(diffs))
+            + f"\nNew samples would be mixed with these. {NEW_RUN_DIR}"
+        )
+
+
+def extract_differences(cfg: PipelineConfig, store: RunStore, model_dir: Path) -> list[str]:
+    """run.json's resume keys (eagle3.extract.shard.RESUME_KEYS) against this config and model, as config keys."""
+    info = store.read_run_info()
+    if info is None:
+        return []
+    facts = read_model_facts(model_dir)
+    now = {
+        "model (model_sha256)": (info.model_sha256, model_fingerprint(model_dir)),
+        "tokenizer or chat template (tokenizer_sha256)": (info.tokenizer_sha256, tokenizer_fingerprint(model_dir)),
+        "server.dtype": (info.dtype, cfg.server.dtype),
+        "extract.store_dtype": (info.store_dtype, store_dtype_of(cfg)),
+        "extract.aux_layers (HF hidden_states indices)": (
+            info.aux_layers,
+            resolve_aux_layers(cfg.extract.aux_layers, facts.num_layers),
+        ),
+    }
+    return [f"{k}: store has {old!r}, now {new!r}" for k, (old, new) in now.items() if old != new]

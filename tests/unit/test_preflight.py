@@ -1,0 +1,186 @@
+"""Pre-flight (eagle3/preflight.py): each setting combination a later stage refuses is refused before the first
+stage, naming the keys and the fix. The store's records are written directly (run.json, prepared/ and
+synthesized/ manifests) for a small model directory (config.json and a tokenizer config, no weights)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eagle3.config import PipelineConfig
+from eagle3.data.synthesis_key import SynthesisMixError, settings_fingerprint, synthesized_key
+from eagle3.extract.shard import store_dtype_of
+from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
+from eagle3.preflight import PreflightError, check_run
+from eagle3.serving.aux_layers import resolve_aux_layers
+from eagle3.store.fsio import atomic_write_json
+from eagle3.store.run_store import PreparedManifest, RunInfo, RunStore, SynthesisOf
+
+GROW = ["prepare", "synthesize", "extract"]
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> Path:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 12, "hidden_size": 64,
+                                               "vocab_size": 100, "architectures": ["LlamaForCausalLM"]}))  # fmt: skip
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ messages }}"}))
+    return d
+
+
+def config(tmp_path: Path, stages: list[str] = GROW, **sections: Any) -> PipelineConfig:
+    return PipelineConfig.model_validate(
+        {"run_dir": str(tmp_path / "run"), "stages": stages, "data": {"dataset": str(tmp_path / "grow")}, **sections}
+    )
+
+
+def made_by(cfg: PipelineConfig, model: Path, *, synthesized: bool = True) -> RunStore:
+    """A store whose samples were extracted under `cfg` (records only)."""
+    store = RunStore(cfg.run_dir)
+    key = synthesized_key(cfg, model)
+    synthesis = SynthesisOf(settings_fingerprint=settings_fingerprint(key, cfg.synthesize.on_truncated),
+                            source_fingerprint="src") if synthesized else None  # fmt: skip
+    store.write_prepared_manifest(
+        PreparedManifest(
+            dataset=f"synthesized:{cfg.data.dataset}" if synthesized else cfg.data.dataset,
+            dataset_fingerprint="fp",
+            tokenizer_sha256=tokenizer_fingerprint(model),
+            num_samples=0,
+            num_tokens=0,
+            num_loss_tokens=0,
+            shards=[],
+            shard_tokens=[],
+            config=cfg.data.model_dump(mode="json"),
+            synthesis=synthesis,
+        )
+    )
+    if synthesized:
+        atomic_write_json(store.synthesized_manifest_path, key.model_dump(mode="json"))
+    layers = resolve_aux_layers(cfg.extract.aux_layers, 12)
+    store.write_run_info(
+        RunInfo(
+            model_path=str(model),
+            model_sha256=model_fingerprint(model),
+            tokenizer_sha256=tokenizer_fingerprint(model),
+            engine="transformers",
+            engine_version="x",
+            dtype=cfg.server.dtype,
+            store_dtype=store_dtype_of(cfg),
+            hidden_size=64,
+            num_layers=12,
+            vocab_size=100,
+            aux_layers=layers,
+            engine_layer_ids=layers,
+            engine_layer_convention="hf",
+            dataset_fingerprint="fp",
+            versions={},
+            config=cfg.model_dump(mode="json"),
+        )
+    )
+    return store
+
+
+def test_the_same_settings_on_a_grown_store_and_a_new_store_pass(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path)
+    check_run(cfg, model)  # no run.json: anything goes
+    made_by(cfg, model)
+    check_run(cfg, model)
+    check_run(config(tmp_path, data={"dataset": str(tmp_path / "grow"), "shard_size": 7}), model)  # not a mix key
+
+
+def test_aux_layers_beyond_the_model_are_refused_before_any_stage(tmp_path: Path, model: Path) -> None:
+    with pytest.raises(
+        PreflightError, match=r"extract.aux_layers \[2, 6, 13\].*12-layer model.*Fix extract.aux_layers"
+    ):
+        check_run(config(tmp_path, extract={"aux_layers": [2, 6, 13]}), model)
+
+
+@pytest.mark.parametrize(
+    ("sections", "named"),
+    [
+        ({"extract": {"store_dtype": "float8_e4m3"}}, r"extract.store_dtype: store has 'bfloat16', now 'float8_e4m3'"),
+        ({"server": {"dtype": "float16"}}, r"server.dtype: store has 'bfloat16', now 'float16'"),
+        (
+            {"extract": {"aux_layers": [1, 5, 9]}},
+            r"extract.aux_layers \(HF hidden_states indices\): store has \[2, 6, 9\]",
+        ),
+    ],
+)
+def test_an_extraction_setting_other_than_the_stores_is_refused_naming_it(
+    tmp_path: Path, model: Path, sections: dict, named: str
+) -> None:
+    made_by(config(tmp_path), model)
+    with pytest.raises(PreflightError, match=named + r"(.|\n)*new run_dir"):
+        check_run(config(tmp_path, ["extract"], **sections), model)
+
+
+def test_another_model_or_max_length_is_refused_naming_it(tmp_path: Path, model: Path) -> None:
+    made_by(config(tmp_path, ["prepare", "extract"]), model, synthesized=False)
+    longer = config(tmp_path, ["prepare", "extract"], data={"dataset": str(tmp_path / "grow"), "max_length": 4096})
+    with pytest.raises(PreflightError, match=r"data.max_length: store has 2048, now 4096"):
+        check_run(longer, model)
+    (model / "config.json").write_text((model / "config.json").read_text().replace("100", "101"))
+    with pytest.raises(PreflightError, match=r"model \(model_sha256\): store has"):
+        check_run(config(tmp_path, ["prepare", "extract"]), model)
+
+
+def test_a_changed_synthesize_setting_on_a_grown_store_is_refused_naming_it(tmp_path: Path, model: Path) -> None:
+    made_by(config(tmp_path), model)
+    with pytest.raises(SynthesisMixError, match=r"synthesize.temperature: store has 0.0, now 0.7(.|\n)*new run_dir"):
+        check_run(config(tmp_path, synthesize={"temperature": 0.7}), model)
+    with pytest.raises(SynthesisMixError, match=r"synthesize.on_truncated"):
+        check_run(config(tmp_path, synthesize={"on_truncated": "drop"}), model)
+    kwargs = {"dataset": str(tmp_path / "grow"), "chat_template_kwargs": {"enable_thinking": False}}
+    with pytest.raises(SynthesisMixError, match=r"data.chat_template_kwargs: store has \{\}"):
+        check_run(config(tmp_path, data=kwargs), model)
+
+
+def test_synthesize_added_to_a_store_of_the_datasets_own_answers_is_refused(tmp_path: Path, model: Path) -> None:
+    made_by(config(tmp_path, ["prepare", "extract"]), model, synthesized=False)
+    check_run(config(tmp_path, ["prepare", "extract"]), model)
+    with pytest.raises(
+        SynthesisMixError, match=r"synthesize: the store's samples were extracted from the dataset's own"
+    ):
+        check_run(config(tmp_path), model)
+
+
+def test_a_synthesized_store_prepared_without_synthesize_is_refused(tmp_path: Path, model: Path) -> None:
+    made_by(config(tmp_path), model)
+    with pytest.raises(PreflightError, match=r"prepare without synthesize(.|\n)*Add synthesize to stages"):
+        check_run(config(tmp_path, ["prepare", "extract"]), model)
+    check_run(config(tmp_path, ["extract"]), model)  # extracting what is prepared mixes nothing
+
+
+def test_a_synthesis_from_before_growing_is_used_with_its_own_inputs_and_refused_once_they_grew(
+    tmp_path: Path, model: Path
+) -> None:
+    """A store synthesized and extracted by the version before synthesis could grow (eagle3-synthesized/2): an
+    unchanged re-run passes (make demo twice), a grown dataset is refused naming the format, before any stage."""
+    import hashlib
+
+    from eagle3.data.prepare import dataset_fingerprint
+    from eagle3.model_files import model_fingerprint
+
+    (tmp_path / "grow").mkdir()
+    (tmp_path / "grow" / "day1.jsonl").write_text('{"messages": []}\n')
+    cfg = config(tmp_path)
+    store = made_by(cfg, model, synthesized=False)
+    old = {"format": "eagle3-synthesized/2", "source_fingerprint": dataset_fingerprint(cfg.data),
+           "model_sha256": model_fingerprint(model), "dtype": "bfloat16", "engine": "transformers",
+           "synthesize": cfg.synthesize.generation_key()}  # fmt: skip
+    atomic_write_json(store.synthesized_manifest_path, old)
+    key_fp = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    prepared = store.read_prepared_manifest()
+    assert prepared is not None
+    store.write_prepared_manifest(prepared.model_copy(update={
+        "dataset": f"synthesized:{cfg.data.dataset}",
+        "dataset_fingerprint": hashlib.sha256(f"{key_fp}:on_truncated=keep".encode()).hexdigest(),
+    }))  # fmt: skip
+    check_run(cfg, model)
+    (tmp_path / "grow" / "day2.jsonl").write_text('{"messages": []}\n')
+    with pytest.raises(SynthesisMixError, match=r"synthesized/manifest.json format: .*could not grow"):
+        check_run(cfg, model)
