@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Runs the whole suite (unit, integration, end-to-end, UI). pytest exits 5 when it collected nothing:
-# that is a failure here, never a silent pass.
+# Runs the whole suite (unit, integration, end-to-end, UI) on both cores: two pytest processes side by side,
+#   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun; no Prefect server)
+#   prefect: tests/e2e tests/ui             (a Prefect server per process, the `make serve` node, Chromium)
+# split by directory, about 35 minutes of test time each (docs/testing.md). Not pytest-xdist's workers: a worker
+# that ran a browser test keeps Playwright's event loop in its main thread and its served node's PREFECT_API_URL,
+# and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md says more).
+# Extra arguments go to both processes; PYTEST_SPLIT=0 runs everything in one process. Each process prints its
+# 25 slowest tests and its time per directory and marker (tests/timing.py, which also applies the budget); the
+# logs are in test-output/pytest-<name>.log and printed whole at the end.
 #
-# Both cores: PYTEST_WORKERS (default 2) pytest-xdist workers, each test file on one worker (--dist loadfile: a
-# module's shared server or store stays with its tests); PYTEST_WORKERS=1 runs in one process. Every run prints
-# the 25 slowest tests and the time per directory and marker (tests/timing.py, which also applies the budget).
+# pytest exits 5 when it collected nothing: that is a failure here, never a silent pass.
 #
 # SIGTERM, SIGINT or SIGHUP to this script (a CI timeout, an operator, make) is passed on to pytest as SIGTERM,
 # and the script waits for it: pytest then tears its fixtures down (servers stop) and tests/conftest.py checks
@@ -12,23 +17,45 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/test_deps.sh || exit 1
-workers="${PYTEST_WORKERS:-2}"
-args=(--durations=25)
-[ "$workers" -gt 1 ] && args+=(-n "$workers" --dist loadfile)
+mkdir -p test-output
 start=$(date +%s)
-.venv/bin/python -m pytest "${args[@]}" "$@" &
-pid=$!
-forward() { kill -TERM "$pid" 2>/dev/null || true; }
-trap forward TERM INT HUP
-wait "$pid"
-rc=$?
-while kill -0 "$pid" 2>/dev/null; do  # `wait` returns early when a trapped signal arrives
-  wait "$pid"
-  rc=$?
-done
-echo "run_tests: pytest took $(( $(date +%s) - start )) s with $workers worker(s), exit $rc" >&2
-if [ "$rc" -eq 5 ]; then
-  echo "run_tests: pytest collected no tests; treating as failure" >&2
-  exit 1
+if [ "${PYTEST_SPLIT:-1}" = 0 ]; then
+  names=(all); groups=("tests")
+else
+  names=(library prefect); groups=("tests/integration tests/unit" "tests/e2e tests/ui")
 fi
+pids=()
+for i in "${!names[@]}"; do
+  # shellcheck disable=SC2086  # a group is a list of directories
+  .venv/bin/python -m pytest --durations=25 ${groups[$i]} "$@" > "test-output/pytest-${names[$i]}.log" 2>&1 &
+  pids+=($!)
+done
+forward() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; }
+trap forward TERM INT HUP
+rc=0
+for i in "${!pids[@]}"; do
+  code=0
+  wait "${pids[$i]}" || code=$?
+  while kill -0 "${pids[$i]}" 2>/dev/null; do  # `wait` returns early when a trapped signal arrives
+    code=0
+    wait "${pids[$i]}" || code=$?
+  done
+  cat "test-output/pytest-${names[$i]}.log"
+  if [ "$code" -eq 5 ]; then
+    echo "run_tests: pytest (${names[$i]}) collected no tests; treating as failure" >&2
+    code=1
+  fi
+  [ "$code" -ne 0 ] && rc=1
+  echo "run_tests: ${names[$i]} (${groups[$i]}) exit $code" >&2
+done
+passed=0; failed=0
+for n in "${names[@]}"; do
+  line="$(grep -E '^(=+ )?[0-9]+ (passed|failed|errors?|skipped|deselected)\b.* in [0-9.]+s' "test-output/pytest-$n.log" | tail -1)"
+  p="$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+' || true)"
+  passed=$((passed + ${p:-0}))
+  for f in $(grep -oE '[0-9]+ (failed|errors?)' <<<"$line" | grep -oE '^[0-9]+' || true); do failed=$((failed + f)); done
+done
+echo "run_tests: pytest took $(( $(date +%s) - start )) s in ${#names[@]} process(es), exit $rc" >&2
+[ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a failure pytest did not count (a crash, a leftover process)
+echo "run_tests: $passed passed, $failed failed"
 exit "$rc"
