@@ -14,6 +14,7 @@ batches the same samples together as in the single-server run, on the same CPU b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -236,13 +237,16 @@ def two_node_workers(prefect_server: str) -> Any:
     worker per "node", each on its own work queue (node-a, node-b)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkQueueCreate
+    from prefect.exceptions import ObjectAlreadyExists
 
     d = deployments_module()
     pool = "scale-out-test"
     with get_client(sync_client=True) as client:
         d.ensure_work_pool(client, pool, 30)
-        for queue in ("node-a", "node-b"):
-            client.create_work_queue(**WorkQueueCreate(name=queue).model_dump(exclude_unset=True), work_pool_name=pool)
+        for queue in ("node-a", "node-b"):  # a test before this one in the session may have made them
+            create = WorkQueueCreate(name=queue).model_dump(exclude_unset=True)
+            with contextlib.suppress(ObjectAlreadyExists):
+                client.create_work_queue(**create, work_pool_name=pool)
         spec = next(e for e in d.load_spec()["deployments"] if e["name"] == "extract-node")
         d.apply_deployment(client, {**spec, "work_pool": {"name": pool}}, REPO)
     workers = [start_worker(pool, queue) for queue in ("node-a", "node-b")]

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = SyntheticSpec(lengths=tuple([24, 40, 33, 17, 48, 29, 36, 21] * 4))
-STEPS = 6
+STEPS = 30  # enough steps after the kill that the job cannot finish before node 1 is gone
 LOST_PEER_BOUND_S = 60.0  # a killed peer closes its sockets: gloo fails the survivor's collective at once
 
 

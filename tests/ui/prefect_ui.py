@@ -93,7 +93,10 @@ def add_items(scope: Page | Locator, label: str, values: list[str]) -> None:
 
 
 def deployment_link(page: Page, deployment: str, flow: str) -> Locator:
-    """The deployment's name link in the Deployments list (its row also names the flow)."""
+    """The deployment's name link in the Deployments list (its row also names the flow). The list shows ten a
+    page and the project has more deployments: the list is searched for the name first."""
+    page.get_by_role("searchbox", name="Search deployments").fill(deployment)
+    settle(page)
     row = page.locator("tr").filter(has=page.get_by_text(flow, exact=True))
     return row.locator("a.deployment-list__name").filter(has_text=re.compile(f"^{re.escape(deployment)}$"))
 

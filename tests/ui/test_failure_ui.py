@@ -53,5 +53,5 @@ def test_a_failed_run_shows_its_reason_on_its_page_and_in_its_failure_artifact(
     open_artifact(page, f"{run_dir.name}-failure")
     expect(page.get_by_text("What failed:", exact=False).first).to_be_visible()
     expect(page.get_by_text("What to do:", exact=False).first).to_be_visible()
-    expect(page.get_by_text("Check `data.dataset`", exact=False).first).to_be_visible()
+    expect(page.get_by_text("Check data.dataset", exact=False).first).to_be_visible()  # the artifact renders `code`
     shot(page, "15-failure-artifact")
