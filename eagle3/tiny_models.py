@@ -7,8 +7,8 @@ sinks (GPT-OSS). The tokenizer and chat template are the demo model's (SmolLM2),
 every config. Weights come from a fixed seed, so a directory is the same bytes each time it is built; it is built
 once under <data_dir>/models/tiny-<arch>/ and reused (install.json records the recipe version and hashes).
 
-Rope: every tiny config keeps rope_type 'default'. The real DeepSeek-V3, Kimi and GPT-OSS configs use 'yarn',
-which the draft (eagle3/draft/model.py DraftConfig) does not support yet (docs/models.md).
+Rope: each keeps its family's real RoPE: yarn for DeepSeek-V3 / Kimi and GPT-OSS (their published parameters),
+plain for the others. The draft does not copy yarn: eagle3/draft/model.py DraftConfig.from_target says what it does.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from eagle3.model_files import (
 from eagle3.store.fsio import atomic_write_json, fsync_dir
 
 #: Bumped when a recipe below changes, so cached directories are rebuilt.
-TINY_VERSION = 2
+TINY_VERSION = 3
 SEED = 1234
 VOCAB = 49152  # the demo tokenizer's; every tiny config must match it (read_model_facts vs tokenizer check)
 
@@ -49,6 +49,12 @@ _COMMON: dict[str, Any] = {
     "pad_token_id": 2,
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
 }
+
+#: The real models' RoPE (their config.json files): yarn over a 4,096-token original context.
+DEEPSEEK_V3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                    "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}  # fmt: skip
+GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
 
 #: architecture -> (transformers config class, overrides of _COMMON). 8 layers: the EAGLE-3 default aux layers
 #: (2, L//2, L-3) are then (2, 4, 5), three distinct layers with a neighbour on each side.
@@ -91,6 +97,8 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
             "scoring_func": "sigmoid",
             "rope_interleave": True,
             "moe_layer_freq": 1,  # in the real config.json; SGLang's deepseek_v2.py reads it
+            "rope_parameters": DEEPSEEK_V3_ROPE,
+            "max_position_embeddings": 163840,  # 40 x 4096, as yarn's factor implies
         },
     ),
     "GptOssForCausalLM": (
@@ -103,6 +111,8 @@ RECIPES: dict[str, tuple[str, dict[str, Any]]] = {
             "sliding_window": 8,
             "attention_bias": True,
             "layer_types": ["sliding_attention", "full_attention"] * 4,
+            "rope_parameters": GPT_OSS_ROPE,
+            "max_position_embeddings": 131072,  # 32 x 4096
         },
     ),
 }

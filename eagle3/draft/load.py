@@ -11,6 +11,7 @@ rest (heads, RoPE, norms) comes from the target's config.json, and the frozen em
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -20,32 +21,52 @@ from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.store.fsio import read_json
 
-EMBEDDING_KEY = "model.embed_tokens.weight"  # the trainer reads the same key (eagle3/train/trainer.py)
+#: Where the embedding and lm_head sit in a target's safetensors: plain causal LMs, then multimodal wrappers
+#: (Kimi-K2.5's `language_model.`, transformers 5's `model.language_model.`).
+_PREFIXES = ("model.", "language_model.model.", "model.language_model.")
+_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
 
 
 class TargetWeightsError(ValueError):
     """The target's safetensors lack a tensor the draft needs; names the model directory and the key."""
 
 
-def load_target_tensors(model_dir: Path, names: dict[str, str]) -> dict[str, torch.Tensor]:
-    """Tensors of the target model by key ({alias: key}), reading only those from its safetensors files."""
-    model_dir = Path(model_dir)
+def _weight_files(model_dir: Path) -> dict[str, Path]:
+    """{tensor key: safetensors file} from the index, or by opening each file when there is none."""
     index = model_dir / "model.safetensors.index.json"
-    files = sorted(model_dir.glob("*.safetensors"))
     where = {k: model_dir / f for k, f in read_json(index)["weight_map"].items()} if index.is_file() else {}
     if not where:
-        for f in files:
+        for f in sorted(model_dir.glob("*.safetensors")):
             with safe_open(str(f), framework="pt") as st:
                 where.update(dict.fromkeys(st.keys(), f))
+    return where
+
+
+def load_target_tensors(model_dir: Path, names: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
+    """Tensors of the target model ({alias: candidate keys, first found wins}), reading only those."""
+    model_dir = Path(model_dir)
+    where = _weight_files(model_dir)
     out = {}
-    for alias, key in names.items():
-        if key not in where:
+    for alias, keys in names.items():
+        key = next((k for k in keys if k in where), None)
+        if key is None:
+            files = sorted({p.name for p in where.values()}) or "no *.safetensors"
             raise TargetWeightsError(
-                f"{model_dir}: no tensor {key!r} in {[f.name for f in files]} (needed for the draft's {alias})"
+                f"{model_dir}: none of {list(keys)} in {files} (needed for the draft's {alias}); the draft reads "
+                f"the target's embedding and lm_head from its weights, so the model directory must hold them"
             )
         with safe_open(str(where[key]), framework="pt") as st:
             out[alias] = st.get_tensor(key)
     return out
+
+
+def target_head_keys(target_cfg: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Candidate keys of the target's embedding and lm_head (tied: the embedding is the head), for
+    load_target_tensors: a causal LM's, or a multimodal wrapper's around its language model."""
+    embedding = tuple(p + "embed_tokens.weight" for p in _PREFIXES)
+    text = target_cfg.get("text_config", target_cfg)
+    tied = bool(text.get("tie_word_embeddings", target_cfg.get("tie_word_embeddings", False)))
+    return {"embedding": embedding, "lm_head": embedding if tied else _HEAD_KEYS}
 
 
 def load_draft(
@@ -69,7 +90,8 @@ def load_draft(
     cfg = DraftConfig.from_target(
         target_cfg, num_aux=fused // probe.target_hidden_size, draft_vocab_size=int(weights["d2t"].shape[0])
     )
-    embedding = load_target_tensors(Path(model_dir), {"embedding": EMBEDDING_KEY})["embedding"]
+    keys = {"embedding": target_head_keys(target_cfg)["embedding"]}
+    embedding = load_target_tensors(Path(model_dir), keys)["embedding"]
     draft = Eagle3Draft(cfg, embedding.to(dtype))
     expected = draft.trainable_state_dict()
     if set(weights) != set(expected):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,7 +37,10 @@ AttendFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 class DraftConfigError(ValueError):
-    """The target config.json lacks something the draft needs, or asks for an unsupported RoPE."""
+    """The target config.json lacks something the draft needs (or has an activation the draft cannot mirror)."""
+
+
+MLA_DRAFT_HEAD_DIM = 128  # the published DeepSeek-V3 / Kimi EAGLE-3 drafts' (and every attention kernel's) size
 
 
 @dataclass(frozen=True)
@@ -49,33 +52,48 @@ class DraftConfig:
     head_dim: int
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict[str, Any] | None  # None or {"rope_type": "llama3", "factor", ...}
+    rope_scaling: dict[str, Any] | None  # None (plain) or {"rope_type": "llama3", "factor", ...}
     max_position_embeddings: int
     target_hidden_size: int
     num_aux: int  # K
     vocab_size: int  # target vocabulary
     draft_vocab_size: int
 
+    note: str = field(default="", compare=False)  # what from_target chose differently from the target, for logs
+
     @classmethod
     def from_target(cls, target: dict[str, Any], *, num_aux: int, draft_vocab_size: int) -> DraftConfig:
-        """The draft of a target described by its config.json (multimodal wrappers: its text_config)."""
+        """The draft of a target described by its config.json (multimodal wrappers: its text_config).
+
+        Attention is Llama's GQA with the target's heads, except for MLA targets (DeepSeek-V3, Kimi: q/k and v
+        head sizes differ, and config.json's head_dim, where present, is the rope part): head_dim 128, heads =
+        H / 128, as the published DeepSeek and Kimi EAGLE-3 drafts are shaped. RoPE is the target's when the
+        draft can reproduce it in SGLang's Llama draft ('default', 'llama3'); any other scaling (yarn on
+        DeepSeek-V3, Kimi, GPT-OSS) gives plain RoPE at the target's theta, as those published drafts do: the
+        draft learns its own attention, it does not reuse the target's."""
         text = target.get("text_config", target)
         act = text.get("hidden_act", "silu")
         if act != "silu":
             raise DraftConfigError(f"target hidden_act {act!r}: the draft's Llama MLP supports only 'silu'")
         try:
             h, nh = int(text["hidden_size"]), int(text["num_attention_heads"])
+            nkv, hd = int(text.get("num_key_value_heads", nh)), int(text.get("head_dim") or h // nh)
+            notes = []
+            if text.get("kv_lora_rank"):  # MLA
+                hd = MLA_DRAFT_HEAD_DIM if h % MLA_DRAFT_HEAD_DIM == 0 else h // nh
+                nh = nkv = h // hd
+                notes.append(f"MLA target: the draft's attention is {nh} heads x {hd}")
             rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
             theta = float(rope.pop("rope_theta", text.get("rope_theta", 10000.0)))
             kind = rope.get("rope_type", rope.get("type", "default"))
             if kind not in ("default", "llama3"):
-                raise DraftConfigError(f"target rope_type {kind!r}: the draft supports 'default' and 'llama3'")
+                notes.append(f"target rope_type {kind!r}: the draft uses plain RoPE at theta {theta:g}")
             return cls(
                 hidden_size=h,
                 intermediate_size=int(text["intermediate_size"]),
                 num_heads=nh,
-                num_kv_heads=int(text.get("num_key_value_heads", nh)),
-                head_dim=int(text.get("head_dim") or h // nh),
+                num_kv_heads=nkv,
+                head_dim=hd,
                 rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
                 rope_theta=theta,
                 rope_scaling={"rope_type": "llama3", **rope} if kind == "llama3" else None,
@@ -84,6 +102,7 @@ class DraftConfig:
                 num_aux=num_aux,
                 vocab_size=int(text["vocab_size"]),
                 draft_vocab_size=draft_vocab_size,
+                note="; ".join(notes),
             )
         except KeyError as e:
             raise DraftConfigError(f"target config.json lacks {e.args[0]!r}") from None

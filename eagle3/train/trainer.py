@@ -45,7 +45,7 @@ from eagle3.draft.checkpoint import (
 )
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map, read_row
 from eagle3.draft.heldout import SPLIT_RULE, HeldoutTally, heldout_rows, split_heldout
-from eagle3.draft.load import load_target_tensors
+from eagle3.draft.load import load_target_tensors, target_head_keys
 from eagle3.draft.loss import TTTLoss, target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
 from eagle3.draft.warm_start import WarmStart, warm_start
@@ -268,12 +268,7 @@ class Trainer:
         """The draft (warm-started, compiled, sharded as configured) and the frozen target lm_head beside it."""
         job, device = self.job, self.device
         dtype = torch.bfloat16 if self.bf16 else torch.float32
-        tied = bool(target_cfg.get("tie_word_embeddings", False))
-        keys = {
-            "embedding": "model.embed_tokens.weight",
-            "lm_head": "model.embed_tokens.weight" if tied else "lm_head.weight",
-        }
-        target = load_target_tensors(Path(job.model_dir), keys)
+        target = load_target_tensors(Path(job.model_dir), target_head_keys(target_cfg))
         torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
         self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
         self.model.set_vocab_map(d2t.to(device), t2d.to(device))

@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timeout)
     try:
         with Trainer.build(job, rank=rank, world=world, local_rank=local_rank) as trainer:
+            if rank == 0 and trainer.model.cfg.note:
+                print(f"draft: {trainer.model.cfg.note}", flush=True)
             if rank == 0 and trainer.warm is not None:
                 w = trainer.warm
                 print(f"warm start from {w.export_dir}: {w.copied} tensors, lm_head rows of {w.lm_head_rows} of "

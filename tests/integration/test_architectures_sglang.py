@@ -49,7 +49,13 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.usefixtures("one
 HERE = Path(__file__).resolve().parent
 
 #: The tiny targets SGLang 0.5.23 serves on this CPU.
-SGLANG_RUNS = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+SGLANG_RUNS = ("LlamaForCausalLM", "Qwen3ForCausalLM", "DeepseekV3ForCausalLM")
+#: Served, but its states are not transformers' on the same directory: the parity test expects the difference
+#: (and fails the day it is gone: then parity holds; drop the entry). The other stages run on its store all the same.
+SGLANG_PARITY_DIFFERS = {
+    # From the first MLA layers on: SGLang's CPU MLA is the intel_amx backend's; this CPU has none (docs/models.md).
+    "DeepseekV3ForCausalLM": 1.0,  # the median token's relative error is above this at the first aux layer
+}
 #: Served, but what it computes on this CPU (no AMX) is not finite: the hidden states are NaN from the first MoE
 #: layer's output on (HF index 2, after layer 1; layer 0 is dense), and generation returns token 0 each step.
 SGLANG_NOT_FINITE = ("Qwen3MoeForCausalLM",)
@@ -101,6 +107,15 @@ def test_sglang_store_matches_the_transformers_engine_per_token_at_the_same_laye
     store, info = served["store"], served["info"]
     ref = TransformersEngine(served["model"], device="cpu", dtype="bfloat16", aux_layers=info.aux_layers)
     hf = {o.sample.sample_id: o for o in ref.extract(served["samples"]) if isinstance(o, Captured)}
+    if served["arch"] in SGLANG_PARITY_DIFFERS:
+        medians = [float(token_errors(store.open_sample(shard, s.sample_id).aux_hidden_states[:, 0],
+                                      hf[s.sample_id].aux_hidden_states[:, 0]).median())
+                   for shard in range(len(QUESTIONS) // 2) for s in store.prepared_samples(shard)]  # fmt: skip
+        print(f"\nFIGURES {served['arch']}: sglang extract {served['tok_s']:.0f} tok/s; SGLang vs transformers, median "
+              f"token at HF {info.aux_layers[0]}: {medians}")  # fmt: skip
+        bound = SGLANG_PARITY_DIFFERS[served["arch"]]
+        assert all(m > bound for m in medians), f"parity holds now ({medians}): drop it from SGLANG_PARITY_DIFFERS"
+        return
     worst = 0.0
     for shard in range(len(QUESTIONS) // 2):
         for s in store.prepared_samples(shard):
@@ -209,47 +224,3 @@ def test_sglang_serves_this_architecture_on_cpu_but_its_hidden_states_are_not_fi
     for d in dumps:
         assert bool(d.aux_hidden_states[:, 0].float().isfinite().all()) is False  # HF index 2: after the first MoE
         assert bool(d.last_hidden_state.float().isnan().any())
-
-
-#: The real DeepSeek-V3 / Kimi rope (yarn), which SGLang's CPU MLA needs; the tiny target keeps plain rope for the
-#: draft (docs/models.md), and rope has no weights, so only config.json changes.
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512,
-        "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
-
-
-def test_deepseek_with_its_real_yarn_rope_is_captured_by_sglang_at_the_run_json_layers(
-    tiny_models: dict[str, Path], tmp_path: Path, demo_tokenizer: Any
-) -> None:
-    """SGLang's CPU MLA builds its rotary embedding only for deepseek_yarn scaling (get_rope_cpu asserts
-    rope_scaling), so the plain-rope tiny DeepSeek does not start; with the real yarn rope it does. deepseek_v2.py's
-    layer rule (ids as given unless the first is 1) is checked through the hook. The states do NOT match transformers'
-    DeepseekV3 with the same config: the median token is ~6.5 (relative L2) off already at HF index 2, after the two
-    dense layers, so MLA with yarn differs between the two (yarn's mscale, the interleaved rope, or SGLang's CPU MLA
-    path; not found yet, docs/models.md). This test expects the mismatch: when it fails, parity holds; make it the
-    parity check."""
-    from eagle3.extract.engines.base import Dumped
-    from eagle3.store.sample_format import read_sample
-    from tests.integration.sglang_support import prepared
-    from tests.integration.test_architectures import altered_copy
-
-    require_sglang_env()
-    model = altered_copy(tiny_models["DeepseekV3ForCausalLM"], tmp_path / "yarn", rope_parameters=YARN)
-    cfg = sglang_pipeline_config(tmp_path, model, "DeepseekV3ForCausalLM")
-    samples = prepared(demo_tokenizer, ["The capital of France is Paris.", " ".join(str(i) for i in range(30))])
-    server = start_server(cfg, model, tmp_path / "dump")
-    try:
-        engine = SGLangEngine(cfg, model, "yarn", tmp_path / "dump", server=server)
-        dumps = {o.sample.sample_id: read_sample(o.path) for o in engine.extract(samples) if isinstance(o, Dumped)}
-    finally:
-        server.stop()
-    aux = [2, 4, 5]
-    assert engine.info.aux_layers == aux and engine.info.engine_layer_ids == aux  # first_id_is_1: ids = HF indices
-    workers = [s for s in proto.read_statuses(tmp_path / "dump") if s["status"] == "worker"]
-    assert workers and all(w["layers_to_capture"] == aux and w["problem"] is None for w in workers)
-    ref = TransformersEngine(model, device="cpu", dtype="bfloat16")
-    hf = {o.sample.sample_id: o for o in ref.extract(samples) if isinstance(o, Captured)}
-    assert dumps.keys() == hf.keys() == {s.sample_id for s in samples}
-    medians = [float(token_errors(d.aux_hidden_states[:, 0], hf[sid].aux_hidden_states[:, 0]).median())
-               for sid, d in dumps.items()]  # fmt: skip
-    print(f"\nFIGURES DeepseekV3ForCausalLM (yarn): SGLang vs transformers, median token at HF 2: {medians}")
-    assert all(m > 1.0 for m in medians), f"DeepSeek parity at HF index 2 now {medians}: see the docstring"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -173,3 +174,53 @@ def test_a_worker_killed_at_a_random_moment_resumes_to_the_same_losses(store: Pa
     assert sorted(resumed) == list(range(1, 13))
     for step in range(1, 13):
         assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], abs=1e-5), step
+
+
+def as_kimi_k25(target: Path, out: Path) -> Path:
+    """The synthetic target laid out as Kimi-K2.5 ships: a vision wrapper whose config.json keeps a DeepSeek-V3
+    text backbone (MLA, yarn rope) under text_config, and weights under `language_model.`."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir()
+    text = json.loads((target / "config.json").read_text())
+    text |= {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "kv_lora_rank": 16,
+             "q_lora_rank": 32, "qk_rope_head_dim": 8, "head_dim": 8,  # MLA: config head_dim is the rope part
+             "rope_parameters": None, "rope_theta": 50000.0,
+             "rope_scaling": {"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                              "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}}  # fmt: skip
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}
+    (out / "config.json").write_text(json.dumps(wrapper))
+    weights = load_file(str(target / "model.safetensors"))
+    save_file({f"language_model.{k}": v for k, v in weights.items()}, str(out / "model.safetensors"))
+    return out
+
+
+def test_a_draft_of_a_wrapped_mla_target_with_yarn_rope_trains_exports_and_loads_back(
+    store: Path, tmp_path: Path
+) -> None:
+    """Kimi-K2.5's layout (the case study's model): the draft reads the wrapper's text_config, finds the embedding
+    and lm_head under `language_model.`, trains with plain RoPE at the target's theta (yarn is not the draft's),
+    and the exported config.json says so, as SGLang will build it."""
+    from eagle3.draft.load import load_draft
+    from eagle3.release.export import export_draft
+
+    model = as_kimi_k25(store / "target", tmp_path / "kimi")
+    out = tmp_path / "train"
+    j = job(store, out, max_steps=3)
+    j = TrainJob(train=j.train, run_dir=j.run_dir, model_dir=str(model), out_dir=str(out), device="cpu")
+    with Trainer.build(j) as t:
+        assert t.model.cfg.rope_theta == 50000.0 and t.model.cfg.rope_scaling is None
+        assert "yarn" in t.model.cfg.note and "MLA" in t.model.cfg.note
+        t.run()
+    assert metrics(out)[3]["loss"] > 0
+
+    export_draft(out, store / "store", model, tmp_path / "export")
+    cfg = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert (cfg["rope_scaling"], cfg["rope_theta"], cfg["vocab_size"]) == (None, 50000.0, SPEC.vocab_size)
+    assert cfg["num_attention_heads"] * cfg["head_dim"] == SPEC.hidden_size  # MLA: heads fill H
+
+    draft = load_draft(model, out)
+    with Trainer.build(j) as t:  # the last checkpoint, resumed
+        trained = t.model.trainable_state_dict()
+    for key, value in draft.trainable_state_dict().items():
+        torch.testing.assert_close(value, trained[key], msg=key)

@@ -106,11 +106,67 @@ def test_llama3_rope_scaling_matches_transformers() -> None:
     assert cfg.rope_theta == 500000.0 and cfg.rope_scaling is not None and cfg.rope_scaling["factor"] == 8.0
 
 
-def test_unsupported_rope_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="yarn"):
-        DraftConfig.from_target(
-            {**TARGET, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, num_aux=3, draft_vocab_size=40
-        )
+#: The fields the draft reads, as the published config.json files of the models users serve have them.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "vocab_size": 129280, "hidden_act": "silu",
+    "rms_norm_eps": 1e-6, "max_position_embeddings": 163840, "rope_theta": 10000,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 4096, "type": "yarn"},
+}  # fmt: skip
+KIMI_K25 = {  # a vision wrapper around a DeepSeek-V3 text backbone with 64 heads and 163,840 tokens
+    "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+    "text_config": {**DEEPSEEK_V3, "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 163840,
+                    "max_position_embeddings": 262144, "rope_theta": 50000.0,
+                    "rope_scaling": {"factor": 64.0, "original_max_position_embeddings": 4096, "type": "yarn",
+                                     "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+}  # fmt: skip
+GPT_OSS_120B = {
+    "architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "intermediate_size": 2880, "head_dim": 64,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 201088, "hidden_act": "silu",
+    "rms_norm_eps": 1e-5, "max_position_embeddings": 131072, "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("target", "heads", "kv_heads", "head_dim", "theta", "vocab"),
+    [
+        (DEEPSEEK_V3, 56, 56, 128, 10000.0, 129280),
+        (KIMI_K25, 56, 56, 128, 50000.0, 163840),
+        (GPT_OSS_120B, 64, 8, 64, 150000.0, 201088),
+    ],
+    ids=["deepseek-v3", "kimi-k2.5", "gpt-oss-120b"],
+)
+def test_a_yarn_or_mla_target_gets_the_draft_shape_the_published_drafts_use(
+    target: dict[str, object], heads: int, kv_heads: int, head_dim: int, theta: float, vocab: int
+) -> None:
+    """Yarn (DeepSeek-V3, Kimi, GPT-OSS): plain RoPE at the target's theta, as SGLang will run the exported
+    config; MLA (config head_dim, where given, is the rope part): 128-wide heads filling H."""
+    cfg = DraftConfig.from_target(target, num_aux=3, draft_vocab_size=32000)
+    got = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope_theta, cfg.vocab_size)
+    assert got == (heads, kv_heads, head_dim, theta, vocab)
+    assert cfg.rope_scaling is None and "yarn" in cfg.note
+    exported = cfg.llama_config()
+    assert exported["rope_scaling"] is None and exported["rope_theta"] == theta and exported["head_dim"] == head_dim
+
+
+def test_a_draft_of_a_yarn_mla_target_trains_with_plain_rope() -> None:
+    """The MLA + yarn shape path end to end on a small config: forward and backward run, RoPE is plain."""
+    small = {**DEEPSEEK_V3, "hidden_size": 256, "intermediate_size": 64, "num_attention_heads": 8,
+             "num_key_value_heads": 8, "vocab_size": 100}  # fmt: skip
+    cfg, model = tiny(**small)
+    assert (cfg.num_heads, cfg.head_dim) == (2, 128)
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128))
+    torch.testing.assert_close(rope_inv_freq(cfg), plain.float())
+    b = packed([5, 7])
+    ids = torch.randint(0, cfg.vocab_size, (12,))
+    logits = model(ids, torch.randn(12, 3, 256), b["positions"], b["remaining"], dense_attend(b["doc"]), 2)
+    assert all(z.shape == (12, 40) and torch.isfinite(z).all() for z in logits)
+    logits[1].sum().backward()
+    assert model.fc.weight.grad is not None and torch.isfinite(model.fc.weight.grad).all()
 
 
 def test_ttt_attention_equals_softmax_over_concatenated_per_step_keys_with_causal_then_diagonal_mask() -> None:
