@@ -13,7 +13,7 @@
 Beside them, the modules every part uses. What each may import of ours (tests/unit/test_import_rules.py
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
 
-    progress, device, versions:  nothing
+    progress, device, versions, project_env:  nothing
     config:       eagle3.store
     config_merge: eagle3.config
     model_files:  eagle3.store
