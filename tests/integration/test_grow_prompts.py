@@ -82,6 +82,7 @@ def test_more_requests_on_a_grown_run_are_written_answered_and_extracted_once_ea
     monkeypatch.setattr(pg, "load_model", no_model)
     monkeypatch.setattr(synth, "load_model", no_model)
     assert pg.build_prompts(grown, demo_model).generated == 0
-    assert synth.synthesize(grown, store, demo_model).manifest == answered.manifest
+    again = synth.synthesize(grown, store, demo_model)
+    assert again.manifest == answered.manifest and again.summary.generated == again.summary.tokens == 0
     assert extract_all(grown, store, demo_model, engine) == []
     assert {k: v for k, v in store_files(store).items() if k in before} == before
