@@ -151,6 +151,64 @@ def timed_steps(trainer: Trainer, batches: Any, steps: int, warmup: int, evict_e
     }
 
 
+#: Kernel classes of a profile, by name (first match wins): where a step's GPU time goes.
+KERNEL_CLASSES = (
+    ("attention (flex)", ("flex_attention", "triton_tem_fused")),
+    ("matmul", ("gemm", "sm90_xmma", "cutlass", "nvjet", "ampere_", "matmul", "mm_")),
+    ("fused elementwise (inductor)", ("triton_",)),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("reduction / softmax", ("reduce", "softmax", "logsumexp", "norm")),
+    ("copy / cast", ("copy", "cast", "fill", "memset", "memcpy")),
+)
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    return next((c for c, keys in KERNEL_CLASSES if any(k in low for k in keys)), "other")
+
+
+def profile_steps(trainer: Trainer, batches: Any, steps: int, out: Path | None) -> dict[str, Any]:
+    """`steps` more steps under torch.profiler: GPU time per kernel class and the top kernels, the GPU busy
+    share of the wall time (the rest: the host launching or waiting). Prints a table; the raw rows go to `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _, batch in zip(range(steps), batches, strict=False):
+            trainer.train_step(batch)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    total = sum(e.device_time for e in kernels) / 1e6  # us -> s
+    by_class: dict[str, float] = {}
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_class[kernel_class(e.name)] = by_class.get(kernel_class(e.name), 0.0) + e.device_time / 1e6
+        by_name.setdefault(e.name, []).append(e.device_time / 1e6)
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]
+    result = {
+        "steps": steps,
+        "wall_s_per_step": wall / steps,
+        "gpu_busy_s_per_step": total / steps,
+        "kernels_per_step": len(kernels) / steps,
+        "by_class_s_per_step": {k: v / steps for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "top_kernels": [
+            {"name": n[:120], "calls_per_step": len(t) / steps, "s_per_step": sum(t) / steps, "class": kernel_class(n)}
+            for n, t in top
+        ],
+    }
+    print(f"\nprofile: {wall / steps:.3f} s/step wall, GPU busy {total / steps:.3f} s, "
+          f"{len(kernels) / steps:.0f} kernels/step", flush=True)  # fmt: skip
+    for c, v in result["by_class_s_per_step"].items():
+        print(f"  {c:32s} {v * 1e3:8.1f} ms  {100 * v * steps / total:5.1f}%", flush=True)
+    for k in result["top_kernels"]:
+        print(f"  {k['s_per_step'] * 1e3:8.2f} ms x{k['calls_per_step']:5.0f}  {k['class']:24s} {k['name'][:90]}")
+    if out is not None:
+        out.write_text(json.dumps(result, indent=2))
+    return result
+
+
 def run(args: argparse.Namespace) -> None:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -234,6 +292,9 @@ def run(args: argparse.Namespace) -> None:
             results[mode] = r
             if rank == 0:
                 print(json.dumps(r), flush=True)
+            if args.profile and mode == "memory" and rank == 0 and cuda:
+                raw = Path(args.out + ".profile") if args.out else None
+                r["profile"] = profile_steps(trainer, batches, args.profile, raw)
     finally:
         trainer.close()
         if dist.is_initialized():
@@ -290,6 +351,7 @@ def main() -> None:
     ap.add_argument("--shape", choices=["llama8b", "smollm2"], default="llama8b", help="the draft's target")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
     ap.add_argument("--out", default="")
+    ap.add_argument("--profile", type=int, default=0, help="memory mode: profile this many more steps (1 GPU)")
     ap.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"], help="make: the store's")
     args = ap.parse_args()
     {"make": make, "run": run, "check": check}[args.cmd](args)
