@@ -173,13 +173,13 @@ def profile_steps(trainer: Trainer, batches: Any, steps: int, out: Path | None) 
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         t0 = time.perf_counter()
         for _, batch in zip(range(steps), batches, strict=False):
             trainer.train_step(batch)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("##")]  # no ranges
     total = sum(e.device_time for e in kernels) / 1e6  # us -> s
     by_class: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
@@ -204,8 +204,13 @@ def profile_steps(trainer: Trainer, batches: Any, steps: int, out: Path | None) 
         print(f"  {c:32s} {v * 1e3:8.1f} ms  {100 * v * steps / total:5.1f}%", flush=True)
     for k in result["top_kernels"]:
         print(f"  {k['s_per_step'] * 1e3:8.2f} ms x{k['calls_per_step']:5.0f}  {k['class']:24s} {k['name'][:90]}")
+    ops = prof.key_averages(group_by_input_shape=True).table(
+        sort_by="self_device_time_total", row_limit=20, max_name_column_width=40, max_shapes_column_width=70
+    )
+    print(ops, flush=True)
     if out is not None:
         out.write_text(json.dumps(result, indent=2))
+        out.with_suffix(".ops.txt").write_text(ops)
     return result
 
 
@@ -241,6 +246,10 @@ def run(args: argparse.Namespace) -> None:
         out_dir=str(root / f"out-{world}"),
         device=args.device,
     )
+    if args.eager_loss:  # the A/B of the fused soft cross-entropy: its chunk functions stay eager under --compile
+        from eagle3.draft import loss
+
+        loss._compiled = lambda: (loss._ce_chunk, loss._ce_chunk_grad)  # type: ignore[method-assign]
     t0 = time.perf_counter()
     trainer = Trainer.build(job, rank=rank, world=world, local_rank=local)
     if rank == 0:
@@ -352,6 +361,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", type=int, default=0, help="memory mode: profile this many more steps (1 GPU)")
+    ap.add_argument("--eager-loss", action="store_true", help="with --compile: keep the soft cross-entropy eager")
     ap.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"], help="make: the store's")
     args = ap.parse_args()
     {"make": make, "run": run, "check": check}[args.cmd](args)

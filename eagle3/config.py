@@ -399,7 +399,22 @@ class TrainConfig(StrictModel):
         "auto", description="`flex`: compiled FlexAttention (CUDA). `dense`: explicit masked scores (CPU, tests). "
         "`auto`: flex on CUDA, dense elsewhere.",
     )  # fmt: skip
-    compile: bool = Field(False, description="torch.compile the draft's decoder layer (CUDA only).")
+    compile: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="torch.compile the draft's per-token blocks and the fused loss. `auto`: on CUDA (an 8B-shaped "
+        "draft steps 1.18x faster after a few minutes of compilation, docs/performance.md), off elsewhere. "
+        "true/false read as on/off.",
+    )
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_from_bool(cls, v: Any) -> Any:
+        return ("on" if v else "off") if isinstance(v, bool) else v
+
+    def compiled(self, device_type: str) -> bool:
+        """Whether training on `device_type` ("cuda", "cpu") compiles: the one place `compile: auto` resolves."""
+        return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
+
     loader_threads: int = Field(4, gt=0, le=64, description="Threads that read and pack batches.")
     prefetch_batches: int = Field(4, gt=0, le=64, description="Batches read ahead of the step.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Newest checkpoints kept on disk.")

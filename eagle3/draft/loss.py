@@ -19,7 +19,10 @@ Alignment (positions within one document of T tokens, x = input ids, loss_mask o
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -54,35 +57,63 @@ def target_distribution(
     return TargetDist(probs=probs, argmax=argmax, in_draft=t2d[argmax])
 
 
+def _ce_chunk(z: Tensor, probs: Tensor, src: Tensor, w: Tensor) -> Tensor:
+    """sum_n w[n] * CE(probs[src[n]], softmax(z[n])) over one chunk: z [c, Vd] (bf16 or fp32), src [c], w [c]."""
+    z, p = z.float(), probs[src]
+    return ((torch.logsumexp(z, dim=-1) * p.sum(-1) - (p * z).sum(-1)) * w).sum()
+
+
+def _ce_chunk_grad(z: Tensor, probs: Tensor, src: Tensor, wg: Tensor) -> Tensor:
+    """d/dz of _ce_chunk times the upstream gradient (wg = w * grad), in z's dtype."""
+    zf, p = z.float(), probs[src]
+    return ((torch.softmax(zf, dim=-1) * p.sum(-1, keepdim=True) - p) * wg[:, None]).to(z.dtype)
+
+
+ChunkFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@functools.cache
+def _compiled() -> tuple[ChunkFn, ChunkFn]:
+    """The two chunk functions compiled (on first use): a fused kernel or two per pass instead of about ten full
+    passes over [chunk, Vd] fp32 (cast, gather, logsumexp, products, sums; softmax, products, cast), which took
+    about 15% of an 8B-shaped draft's step eagerly (docs/performance.md)."""
+    return cast(ChunkFn, torch.compile(_ce_chunk)), cast(ChunkFn, torch.compile(_ce_chunk_grad))
+
+
+def _chunk_fns(fused: bool) -> tuple[ChunkFn, ChunkFn]:
+    return _compiled() if fused else (_ce_chunk, _ce_chunk_grad)
+
+
 class _SoftCrossEntropy(torch.autograd.Function):
     """sum_n w[n] * CE(probs[src[n]], softmax(logits[n])), chunked; saves the logits, not their fp32 softmax."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int) -> Tensor:  # type: ignore[override]
+    def forward(ctx, logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int, fused: bool) -> Tensor:  # type: ignore[override]
+        fwd, _ = _chunk_fns(fused)
         total = torch.zeros((), dtype=torch.float32, device=logits.device)
         for a in range(0, logits.shape[0], chunk):
-            z = logits[a : a + chunk].float()  # [c, Vd]
-            p = probs[src[a : a + chunk]]  # [c, Vd]
-            ce = torch.logsumexp(z, dim=-1) * p.sum(-1) - (p * z).sum(-1)  # [c]
-            total = total + (ce * weight[a : a + chunk]).sum()
+            b = a + chunk
+            total = total + fwd(logits[a:b], probs, src[a:b], weight[a:b])
         ctx.save_for_backward(logits, probs, src, weight)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.fused = chunk, fused
         return total
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         logits, probs, src, weight = ctx.saved_tensors
+        _, bwd = _chunk_fns(ctx.fused)
         out = torch.empty_like(logits)
         for a in range(0, logits.shape[0], ctx.chunk):
-            z = logits[a : a + ctx.chunk].float()
-            p = probs[src[a : a + ctx.chunk]]
-            g = torch.softmax(z, dim=-1) * p.sum(-1, keepdim=True) - p  # d CE / d z
-            out[a : a + ctx.chunk] = (g * (weight[a : a + ctx.chunk] * grad)[:, None]).to(out.dtype)
-        return out, None, None, None, None
+            b = a + ctx.chunk
+            out[a:b] = bwd(logits[a:b], probs, src[a:b], weight[a:b] * grad)
+        return out, None, None, None, None, None
 
 
-def soft_cross_entropy(logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int = 4096) -> Tensor:
-    return _SoftCrossEntropy.apply(logits, probs, src, weight, chunk)  # type: ignore[no-any-return]
+def soft_cross_entropy(
+    logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int = 4096, fused: bool = False
+) -> Tensor:
+    """`fused`: the compiled chunk functions (same values to float rounding; tests/unit/test_ttt_loss.py)."""
+    return _SoftCrossEntropy.apply(logits, probs, src, weight, chunk, fused)  # type: ignore[no-any-return]
 
 
 @dataclass
@@ -103,8 +134,10 @@ def ttt_loss(
     d2t: Tensor,
     decay: float,
     chunk_tokens: int = 4096,
+    fused: bool = False,
 ) -> TTTLoss:
-    """logits: steps x [N, Vd]; loss_mask [N]; remaining [N] = tokens after each one in its document."""
+    """logits: steps x [N, Vd]; loss_mask [N]; remaining [N] = tokens after each one in its document.
+    `fused`: the soft cross-entropy's compiled chunk functions (train.compile)."""
     n, steps = remaining.shape[0], len(logits)
     idx = torch.arange(n, device=remaining.device)
     mask_ahead = F.pad(loss_mask.bool(), (0, steps + 2))  # [N + steps + 2]
@@ -114,7 +147,7 @@ def ttt_loss(
         src = (idx + 1 + i).clamp(max=n - 1)  # where target[t+1+i] sits
         label = (remaining >= 2 + i) & mask_ahead[2 + i : 2 + i + n]  # x[t+2+i] exists and is trained on
         w = (label & target.in_draft[src]).float()  # [N]
-        loss_i = soft_cross_entropy(z, target.probs, src, w, chunk_tokens) / w.sum().clamp(min=1.0)
+        loss_i = soft_cross_entropy(z, target.probs, src, w, chunk_tokens, fused) / w.sum().clamp(min=1.0)
         total = total + decay**i * loss_i
         with torch.no_grad():
             pred = z.argmax(-1)  # [N] draft ids

@@ -217,6 +217,7 @@ class Trainer:
     def __init__(self, job: TrainJob, *, rank: int, world: int, device: torch.device) -> None:
         self.job, self.cfg, self.rank, self.world, self.device = job, job.train, rank, world, device
         self.bf16 = job.train.precision == "bf16" or (job.train.precision == "auto" and device.type == "cuda")
+        self.compiled = job.train.compiled(device.type)
         self.out_dir, self.ckpt_dir = Path(job.out_dir), TrainPaths(job.out_dir).checkpoints_dir
         run_dir = Path(job.run_dir)
         info = RunStore(run_dir).require_run_info("train reads the store the extract stage wrote")
@@ -276,7 +277,7 @@ class Trainer:
         if job.init_from is not None and latest_checkpoint(self.ckpt_dir) is None:  # a resume has its own weights
             self.warm = warm_start(self.model, Path(job.init_from))
         self.lm_head = target["lm_head"].to(device, dtype)  # [V, H], frozen, outside the draft
-        if self.cfg.compile:
+        if self.compiled:
             self.model.compile_blocks()
         self.fsdp = self.world > 1 and self.cfg.parallel == "fsdp"
         if self.fsdp:  # before the optimizer and the checkpoint: both see the sharded parameters
@@ -340,7 +341,8 @@ class Trainer:
         aux = batch.aux_hidden if self.bf16 else batch.aux_hidden.float()  # [N, K, H]
         with self.autocast():
             logits = net(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
-        return ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens)
+        return ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens,
+                        fused=self.compiled)  # fmt: skip
 
     def train_step(self, batch: PackedBatch) -> StepOut:
         """One optimizer step on one packed batch: target, TTT forward, loss, backward, clip, AdamW, schedule."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from eagle3.draft.loss import TargetDist, draft_to_target_ids, soft_cross_entropy, target_distribution, ttt_loss
@@ -45,6 +46,27 @@ def test_soft_cross_entropy_value_and_gradient_match_the_plain_formula() -> None
     ref.backward()
     torch.testing.assert_close(got, ref)
     torch.testing.assert_close(logits.grad, ref_logits.grad)
+
+
+@pytest.mark.slow  # compiles two small kernels with inductor (C++ on the CPU): ~20 s
+def test_the_fused_soft_cross_entropy_gives_the_eager_value_and_gradient() -> None:
+    """train.compile's path (compiled chunk functions) against the eager one, bf16 logits as the trainer has them,
+    with a short last chunk (a second shape)."""
+    torch.manual_seed(0)
+    n, m, vd = 37, 40, 50
+    probs = torch.softmax(torch.randn(m, vd), -1)
+    src = torch.randint(0, m, (n,))
+    w = (torch.rand(n) > 0.3).float()
+    runs = []
+    for fused in (False, True):
+        logits = (3 * torch.randn(n, vd, generator=torch.Generator().manual_seed(1))).bfloat16().requires_grad_(True)
+        loss = soft_cross_entropy(logits, probs, src, w, chunk=16, fused=fused)
+        loss.backward()
+        assert logits.grad is not None and logits.grad.dtype == torch.bfloat16
+        runs.append((loss.detach(), logits.grad.float()))
+    (eager, g_eager), (fused_loss, g_fused) = runs
+    torch.testing.assert_close(fused_loss, eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(g_fused, g_eager, rtol=1e-2, atol=1e-3)  # bf16 rounding of the gradient
 
 
 def reference_loss(
