@@ -194,7 +194,7 @@ def train_task(
     with (
         reporter.progress,
         hold_gpus(nproc, gpu_limit),
-        TrainProcess(cmd, log_path=log_path, env=train_env(nproc, os.environ)) as proc,
+        TrainProcess(cmd, log_path=log_path, env=train_env(nproc, os.environ, paths.inductor_cache(node))) as proc,
     ):
         for line in proc.lines():  # what the worker prints, as it is; its progress comes from metrics.jsonl
             if line.strip():

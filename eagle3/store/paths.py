@@ -75,6 +75,10 @@ class TrainPaths:
     def node_log(self, node_rank: int) -> Path:
         return self.log if node_rank == 0 else self.root / f"train-node{node_rank}.log"
 
+    def inductor_cache(self, node_rank: int) -> Path:
+        """torch.compile's cache of this training on one node: a resume compiles in seconds, not minutes."""
+        return self.root / "inductor-cache" / f"node{node_rank}"
+
     def rendezvous(self, token: str) -> Path:
         """The c10d endpoint node 0 chose for the launch `token` (a train-fanout flow run), read by the others."""
         return self.root / "rendezvous" / f"{token}.json"

@@ -84,3 +84,14 @@ def test_a_node_without_a_port_or_a_launch_token_is_told_what_to_set(tmp_path: P
         node_launch(cfg, tmp_path, "late", wait_s=0.5)
     with pytest.raises(ValueError, match=r"node_rank 2 is not below train\.nodes 2"):
         TrainConfig.model_validate({"nodes": 2, "node_rank": 2})
+
+
+def test_the_workers_compile_cache_is_kept_with_the_training_unless_the_caller_set_one(tmp_path: Path) -> None:
+    from eagle3.store.paths import TrainPaths
+    from eagle3.train.launch import train_env
+
+    cache = TrainPaths(tmp_path / "train").inductor_cache(1)
+    assert cache == tmp_path / "train" / "inductor-cache" / "node1"
+    assert train_env(1, {}, cache)["TORCHINDUCTOR_CACHE_DIR"] == str(cache)
+    assert train_env(1, {"TORCHINDUCTOR_CACHE_DIR": "/mine"}, cache)["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in train_env(1, {})
