@@ -184,7 +184,8 @@ def profile_steps(trainer: Trainer, batches: Any, steps: int, out: Path | None) 
     by_class: dict[str, float] = {}
     by_name: dict[str, list[float]] = {}
     for e in kernels:
-        by_class[kernel_class(e.name)] = by_class.get(kernel_class(e.name), 0.0) + e.device_time / 1e6
+        c = kernel_class(e.name)
+        by_class[c] = by_class.get(c, 0.0) + e.device_time / 1e6
         by_name.setdefault(e.name, []).append(e.device_time / 1e6)
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:25]
     result = {

@@ -96,6 +96,25 @@ class ModelFacts:
     architectures: tuple[str, ...]
 
 
+#: Where a causal LM's tensors sit in its safetensors: plain, or under a multimodal wrapper (Kimi-K2.5's
+#: `language_model.`, transformers 5's `model.language_model.`). `<prefix>embed_tokens.weight`, `<prefix>norm.weight`.
+LM_PREFIXES = ("model.", "language_model.model.", "model.language_model.")
+
+
+def weight_map(model_dir: Path) -> dict[str, Path]:
+    """{tensor key: safetensors file} of a model directory: its index, or each file's keys when there is none."""
+    from safetensors import safe_open
+
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: model_dir / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    where: dict[str, Path] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            where.update(dict.fromkeys(st.keys(), f))
+    return where
+
+
 def read_model_facts(model_dir: Path) -> ModelFacts:
     cfg_path = model_dir / "config.json"
     if not cfg_path.is_file():

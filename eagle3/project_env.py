@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,8 @@ def apply(cwd: Path | None = None) -> dict[str, str]:
         return {}
     if here == ROOT or ROOT not in here.parents or not SETTINGS.is_file():
         return {}
+    import tomllib  # here, not at the top: every start of the venv's interpreter imports this module
+
     with SETTINGS.open("rb") as f:
         wanted = settings_env(tomllib.load(f))
     added = {k: v for k, v in wanted.items() if k not in os.environ}

@@ -58,13 +58,14 @@ from eagle3.convert.store_writer import (
     require_empty,
 )
 from eagle3.convert.vocab import read_vocab_map
+from eagle3.model_files import LM_PREFIXES, weight_map
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_with, fsync_dir
 from eagle3.store.run_store import DTYPES, RunInfo, RunStore, now
 
 PEER = "speculators"
 CONVENTION = "vllm_input_of_layer"
-_NORM_KEYS = ("model.norm.weight", "model.language_model.norm.weight", "language_model.model.norm.weight")
+_NORM_KEYS = tuple(p + "norm.weight" for p in LM_PREFIXES)
 
 
 @dataclass(frozen=True)
@@ -88,11 +89,11 @@ class FinalNorm:
         eps = text.get("rms_norm_eps")
         if eps is None:
             raise PeerFormatError(f"{path / 'config.json'}: no rms_norm_eps; pass FinalNorm(weight, eps) yourself")
-        for f in sorted(path.glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as st:
-                for key in _NORM_KEYS:
-                    if key in st.keys():  # noqa: SIM118 (safe_open has no __contains__)
-                        return cls(weight=st.get_tensor(key), eps=float(eps))
+        where = weight_map(path)
+        key = next((k for k in _NORM_KEYS if k in where), None)
+        if key is not None:
+            with safe_open(str(where[key]), framework="pt") as st:
+                return cls(weight=st.get_tensor(key), eps=float(eps))
         raise PeerFormatError(f"{path}: no final norm weight ({' / '.join(_NORM_KEYS)}) in *.safetensors")
 
 

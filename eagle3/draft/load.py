@@ -19,33 +19,20 @@ from safetensors.torch import load_file
 
 from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.model_files import LM_PREFIXES, weight_map
 from eagle3.store.fsio import read_json
 
-#: Where the embedding and lm_head sit in a target's safetensors: plain causal LMs, then multimodal wrappers
-#: (Kimi-K2.5's `language_model.`, transformers 5's `model.language_model.`).
-_PREFIXES = ("model.", "language_model.model.", "model.language_model.")
-_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")
+_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")  # a causal LM's, a wrapper's (LM_PREFIXES)
 
 
 class TargetWeightsError(ValueError):
     """The target's safetensors lack a tensor the draft needs; names the model directory and the key."""
 
 
-def _weight_files(model_dir: Path) -> dict[str, Path]:
-    """{tensor key: safetensors file} from the index, or by opening each file when there is none."""
-    index = model_dir / "model.safetensors.index.json"
-    where = {k: model_dir / f for k, f in read_json(index)["weight_map"].items()} if index.is_file() else {}
-    if not where:
-        for f in sorted(model_dir.glob("*.safetensors")):
-            with safe_open(str(f), framework="pt") as st:
-                where.update(dict.fromkeys(st.keys(), f))
-    return where
-
-
 def load_target_tensors(model_dir: Path, names: dict[str, tuple[str, ...]]) -> dict[str, torch.Tensor]:
     """Tensors of the target model ({alias: candidate keys, first found wins}), reading only those."""
     model_dir = Path(model_dir)
-    where = _weight_files(model_dir)
+    where = weight_map(model_dir)
     out = {}
     for alias, keys in names.items():
         key = next((k for k in keys if k in where), None)
@@ -63,7 +50,7 @@ def load_target_tensors(model_dir: Path, names: dict[str, tuple[str, ...]]) -> d
 def target_head_keys(target_cfg: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """Candidate keys of the target's embedding and lm_head (tied: the embedding is the head), for
     load_target_tensors: a causal LM's, or a multimodal wrapper's around its language model."""
-    embedding = tuple(p + "embed_tokens.weight" for p in _PREFIXES)
+    embedding = tuple(p + "embed_tokens.weight" for p in LM_PREFIXES)
     text = target_cfg.get("text_config", target_cfg)
     tied = bool(text.get("tie_word_embeddings", target_cfg.get("tie_word_embeddings", False)))
     return {"embedding": embedding, "lm_head": embedding if tied else _HEAD_KEYS}
