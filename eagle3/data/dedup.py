@@ -8,14 +8,21 @@ cheap at corpus-of-prompts sizes, and deterministic).
 
 Two texts are near-duplicates when the Jaccard similarity of their shingle sets is >= threshold, or when their
 normalized texts are equal (short texts, fewer words than n, compare as one shingle). Candidates are found
-through an inverted index on shingles, so a text is compared only with texts that share at least one shingle.
+through an inverted index on each set's prefix (the prefix filter of exact set-similarity joins): under one fixed
+order of shingles, two sets with Jaccard >= t share a shingle among the first |s| - ceil(t |s|) + 1 of each, so
+only those are indexed and probed. `dedup` orders shingles rarest first, so the shingles every prompt shares ("can
+you please") are rarely in a prefix and no longer make each text a candidate of every other. The result is the
+exhaustive comparison's (tests/unit/test_prompt_gen.py checks it against one).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
@@ -34,6 +41,15 @@ def shingles(text: str, n: int) -> frozenset[str]:
     return frozenset(" ".join(words[i : i + n]) for i in range(len(words) - n + 1))
 
 
+def prefix(s: frozenset[str], threshold: float, frequency: Mapping[str, int]) -> list[str]:
+    """The shingles of `s` that any set with Jaccard >= threshold must share one of: the first
+    |s| - ceil(threshold |s|) + 1 in one fixed order, rarest first (`frequency`; unknown ones count 0), then by a
+    hash, so that shingles of equal counts fall anywhere."""
+    need = math.ceil(round(threshold * len(s), 9))  # rounded: 0.7 * 10 is 7.000000000000001 in floats
+    ordered = sorted(s, key=lambda sh: (frequency.get(sh, 0), zlib.crc32(sh.encode()), sh))
+    return ordered[: len(s) - max(need, 1) + 1]
+
+
 def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
     if not a and not b:
         return 1.0
@@ -42,10 +58,12 @@ def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
 
 @dataclass
 class NearDuplicates:
-    """An index of texts; `match` finds a kept text that a new one nearly equals."""
+    """An index of texts; `match` finds a kept text that a new one nearly equals. `frequency` (shingle -> count
+    over the texts to come) only speeds it up; it must not change while the index is used."""
 
     n: int = 3
     threshold: float = 0.7
+    frequency: Mapping[str, int] = field(default_factory=dict)
     _sets: list[frozenset[str]] = field(default_factory=list)
     _labels: list[str] = field(default_factory=list)
     _by_shingle: dict[str, list[int]] = field(default_factory=dict)
@@ -55,13 +73,13 @@ class NearDuplicates:
         i = len(self._sets)
         self._sets.append(s)
         self._labels.append(label)
-        for sh in s:
+        for sh in prefix(s, self.threshold, self.frequency):
             self._by_shingle.setdefault(sh, []).append(i)
 
     def match(self, text: str) -> tuple[str, float] | None:
         """(label of the most similar indexed text, similarity) when it is >= threshold, else None."""
         s = shingles(text, self.n)
-        candidates = {i for sh in s for i in self._by_shingle.get(sh, ())}
+        candidates = {i for sh in prefix(s, self.threshold, self.frequency) for i in self._by_shingle.get(sh, ())}
         best: tuple[str, float] | None = None
         for i in sorted(candidates):
             sim = jaccard(s, self._sets[i])
@@ -80,10 +98,12 @@ def dedup(
     """Keep the first of each group of near-duplicate texts, in order; drop any text near one of `against`
     ((label, text) pairs, e.g. evaluation prompts that training must not contain). Returns the kept indices and,
     for each dropped index, the reason (what it nearly equals)."""
-    blocked = NearDuplicates(n, threshold)
+    against = list(against)
+    frequency = Counter(sh for text in [*texts, *(t for _, t in against)] for sh in shingles(text, n))
+    blocked = NearDuplicates(n, threshold, frequency)
     for label, text in against:
         blocked.add(text, label)
-    kept_index = NearDuplicates(n, threshold)
+    kept_index = NearDuplicates(n, threshold, frequency)
     kept: list[int] = []
     dropped: dict[int, str] = {}
     for i, text in enumerate(texts):

@@ -3,13 +3,14 @@ per-sample keys and seeds, per-row seeded sampling, and the config keys."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from eagle3.config import ConfigError, EvaluateConfig, PipelineConfig, SynthesizeConfig, load_config
-from eagle3.data.dedup import NearDuplicates, dedup, normalize, shingles
+from eagle3.data.dedup import NearDuplicates, dedup, jaccard, normalize, shingles
 from eagle3.data.prompts import eval_prompt_texts, load_grid, pick_cells, prompt_text
 from eagle3.data.row_sampler import RowSampler, uniforms
 from eagle3.data.synthesize import Job, Turn, apply_turn, expand_jobs, pending_turns, turn_prompt
@@ -50,6 +51,27 @@ def test_dedup_keeps_the_first_of_near_duplicates_and_drops_texts_near_the_block
     assert dropped[1].startswith("near-duplicate of prompt 0") and dropped[2].startswith("near-duplicate of prompt 0")
     assert dropped[4].startswith("near evaluation set varied row 6")
     assert dedup(texts, 3, 0.7, against=against) == (kept, dropped)  # deterministic
+
+
+def test_the_prefix_filtered_index_finds_what_comparing_every_pair_finds() -> None:
+    """Texts built from few words, so that many pairs sit near every threshold: the indexed dedup keeps, drops and
+    names exactly what the exhaustive comparison of each text with every earlier kept one does."""
+    rng = random.Random(3)
+    words = "can you please write a short poem about the sea and its waves in winter light".split()
+    texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(400)]
+    texts += [t + " " + rng.choice(words) for t in texts[:100]]  # near copies
+    for threshold in (0.3, 0.5, 0.7, 0.9, 1.0):
+        kept: list[int] = []
+        expected: dict[int, str] = {}
+        for i, t in enumerate(texts):
+            sims = [(jaccard(shingles(t, 3), shingles(texts[j], 3)), j) for j in kept]
+            best = max((s for s in sims if s[0] >= threshold), key=lambda s: (s[0], -s[1]), default=None)
+            if best is None:
+                kept.append(i)
+            else:
+                expected[i] = f"near-duplicate of prompt {best[1]} (similarity {best[0]:.2f})"
+        assert dedup(texts, 3, threshold) == (kept, expected), threshold
+        assert 0 < len(expected) < len(texts) - 20, threshold  # the case is not trivial
 
 
 def test_a_threshold_of_one_drops_exact_duplicates_only() -> None:
