@@ -57,7 +57,24 @@ def test_the_prefix_filtered_index_finds_what_comparing_every_pair_finds() -> No
     """Texts built from few words, so that many pairs sit near every threshold: the indexed dedup keeps, drops and
     names exactly what the exhaustive comparison of each text with every earlier kept one does."""
     rng = random.Random(3)
-    words = "can you please write a short poem about the sea and its waves in winter light".split()
+    words = [
+        "can",
+        "you",
+        "please",
+        "write",
+        "a",
+        "short",
+        "poem",
+        "about",
+        "the",
+        "sea",
+        "and",
+        "its",
+        "waves",
+        "in",
+        "winter",
+        "light",
+    ]
     texts = [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(400)]
     texts += [t + " " + rng.choice(words) for t in texts[:100]]  # near copies
     for threshold in (0.3, 0.5, 0.7, 0.9, 1.0):
