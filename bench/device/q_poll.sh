@@ -1,9 +1,10 @@
 # Watch a quality run (bench/device/quality.sh) for up to SECONDS, then bring its records back in $OUT/q.tgz, and
 # its data (prompts, prepared, synthesized; for quality.sh's CORPUS next time) in $OUT/corpus.tgz.00, .01, ... once it is built,
-# and the bf16 draft (its selected checkpoint, weights cast to bf16 to halve them) in $OUT/draft.tgz.00, ... once trained:
-# evaluations the run did not do (longer answers, more prompts) then run on the CPU at home. CORPUS=0 / DRAFT=0 skip either.
+# and the base draft (BASE, as quality.sh: bf16 unless set; its selected checkpoint, weights cast to bf16 to halve them) in $OUT/draft.tgz.00, ... once trained:
+# evaluations the run did not do (longer answers, more prompts) then run on the CPU at home. BRING_CORPUS=0 / BRING_DRAFT=0 skip either
+# (not CORPUS: quality.sh reads that one, and q_start.sh passes its environment to both).
 # Usage: bash bench/device/q_poll.sh ROOT SECONDS
-REPO=$PWD; R=${1:-/tmp/q}; end=$(( $(date +%s) + ${2:-500} ))
+REPO=$PWD; R=${1:-/tmp/q}; B=${BASE:-bf16}; end=$(( $(date +%s) + ${2:-500} ))
 while [ "$(date +%s)" -lt $end ] && ! grep -q -E "DONE|FAILED" "$R/steps" 2>/dev/null; do
   sleep 20
   echo "--- $(date +%T) $(tail -1 "$R/steps" 2>/dev/null)"
@@ -14,12 +15,12 @@ cat "$R/steps"; tail -5 "$R/driver.log"
 cd "$R" && tar czf "${OUT:-/tmp}/q.tgz" steps driver.log logs $(ls -d */run/eval */run/train*/metrics.jsonl */run/prompts/summary.json \
   */run/synthesized/summary.json */run/run.json */run/convert.json 2>/dev/null) 2>/dev/null; ls -la "${OUT:-/tmp}"
 cd "$REPO"
-if [ "${CORPUS:-1}" = 1 ] && grep -q "^[0-9]* data" "$R/steps" 2>/dev/null; then  # in 15 MiB parts: a file over 16 MiB does not come back
-  tar czf - -C "$R" bf16/run/prompts bf16/run/prepared bf16/run/synthesized | split -b 15m -d - "${OUT:-/tmp}/corpus.tgz."
+if [ "${BRING_CORPUS:-1}" = 1 ] && grep -q "^[0-9]* data" "$R/steps" 2>/dev/null; then  # in 15 MiB parts: a file over 16 MiB does not come back
+  tar czf - -C "$R" $B/run/prompts $B/run/prepared $B/run/synthesized | split -b 15m -d - "${OUT:-/tmp}/corpus.tgz."
   ls -la "${OUT:-/tmp}"/corpus.tgz.*
 fi
-if [ "${DRAFT:-1}" = 1 ] && grep -q "^[0-9]* trained bf16" "$R/steps" 2>/dev/null; then
-  PYTHONPATH=$REPO:/tmp/site ${PY:-python3} - "$R/bf16/run/train" /tmp/draft_out <<'PY'
+if [ "${BRING_DRAFT:-1}" = 1 ] && grep -q "^[0-9]* trained $B" "$R/steps" 2>/dev/null; then
+  PYTHONPATH=$REPO:/tmp/site ${PY:-python3} - "$R/$B/run/train" /tmp/draft_out <<'PY'
 import shutil, sys
 from pathlib import Path
 from safetensors.torch import load_file, save_file

@@ -2,11 +2,13 @@
 bench/device/q_poll.sh brought back, unpacked.
 
     python bench/device/q_report.py ROOT          # markdown for docs/performance.md
+    BASE=fp8 python bench/device/q_report.py ROOT # a run whose base draft is ROOT/fp8 (quality.sh's BASE)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.train.launch import read_heldout_metrics, read_metrics
+
+BASE = os.environ.get("BASE", "bf16")  # the base draft's directory under ROOT (quality.sh's BASE)
 
 
 def runs_of(root: Path) -> list[dict[str, Any]]:
@@ -51,10 +55,10 @@ def train_acc(metrics: Path, last: int = 5) -> tuple[int, list[float]]:
 
 
 def reference(draft: str) -> str:
-    """The base a variant is compared with: bf16, or bf16/fracNN for a variant trained on NN% of the data
+    """The base a variant is compared with: BASE, or BASE/fracNN for a variant trained on NN% of the data
     (quality.sh's CHOICE_FRACTION names those NAME-fNN)."""
     m = re.search(r"-f(\d+)$", draft)
-    return f"bf16/frac{m.group(1)}" if m else "bf16"
+    return f"{BASE}/frac{m.group(1)}" if m else BASE
 
 
 def main() -> None:
@@ -80,7 +84,7 @@ def main() -> None:
             sd = f"{seed['tau'] - a['tau']:+.3f}" if seed else "-"
             print(f"| {s} | {k} | {a['tau']:.3f} | {b['tau']:.3f} | {b['tau'] - a['tau']:+.3f} | "
                   f"{', '.join('-' if x is None else f'{x:+.3f}' for x in d)} | {sd} |")  # fmt: skip
-    variants = sorted({d for (d, _, _) in by if d not in ("bf16", "fp8")})
+    variants = sorted({d for (d, _, _) in by if d not in (BASE, "bf16", "fp8")})
     if variants:
         print("\n### Training choices (k=3; each against the base draft of the same run and data fraction)\n")
         print("| draft | against | varied | Δ | HumanEval | Δ |")
@@ -95,12 +99,12 @@ def main() -> None:
             print(f"| {d} | {ref} | " + " | ".join(cells) + " |")
     curve = sorted((r for r in runs if r["step"] is not None), key=lambda r: r["step"])
     if curve:
-        print("\n### Epoch curve: the bf16 draft's checkpoints on the varied set (k=3)\n")
+        print(f"\n### Epoch curve: the {BASE} draft's checkpoints on the varied set (k=3)\n")
         print("| step | acceptance length | per position |")
         print("|---:|---:|---|")
         for r in curve:
             print(f"| {r['step']} | {r['tau']:.3f} | {fmt_rates(r['rates'])} |")
-        final = by.get(("bf16", "varied", 3))
+        final = by.get((BASE, "varied", 3))
         if final:
             print(f"| final | {final['tau']:.3f} | {fmt_rates(final['rates'])} |")
     print("\n### Training accuracy (mean of the last 5 logged windows) vs held-out acceptance per position\n")
@@ -116,19 +120,21 @@ def main() -> None:
         last = measured[-1]["heldout"] if measured else None
         sliced = f"{last['acceptance_length']:.3f}; {fmt_rates(last['acc'])}" if last else "-"
         print(f"| {draft} | {step} | {fmt_rates(acc)} | {sliced} | {fmt_rates(held['rates']) if held else '-'} |")
-    cats = by.get(("bf16", "varied", 3))
+    cats = by.get((BASE, "varied", 3))
     if cats and cats["categories"]:
-        print("\n### bf16 draft, varied set by category (k=3)\n")
+        print(f"\n### {BASE} draft, varied set by category (k=3)\n")
         print("| category | prompts | acceptance length |")
         print("|---|---:|---:|")
         for c in cats["categories"]:
             print(f"| {c['category']} | {c['num_prompts']} | {c['acceptance_length']:.3f} |")
-    gaps = [line for log in sorted((root / "logs").glob("*-gap-*.log")) for line in log.read_text().splitlines()
+    # one log per set and GAP_RUNS entry: <base>-gap-<set>[-<tokens>-k<k>].log
+    gaps = [f"| {log.stem.split('-gap-', 1)[1]} {line}" for log in sorted((root / "logs").glob("*-gap-*.log"))
+            for line in log.read_text().splitlines()
             if line.startswith("| ") and not line.startswith("| set ")]  # fmt: skip
     if gaps:
-        print("\n### Decoding vs training-time acceptance (bench/acceptance_gap.py, bf16 draft)\n")
-        print("| set | prompts | rounds | decode | replayed (rounds differing) | every pos. | first-position rate: "
-              "round starts / every pos. |\n|---|---:|---:|---:|---:|---:|---|")  # fmt: skip
+        print(f"\n### Decoding vs training-time acceptance (bench/acceptance_gap.py, {BASE} draft)\n")
+        print("| run | set | prompts | rounds | decode | replayed (rounds differing) | every pos. | first-position "
+              "rate: round starts / every pos. |\n|---|---|---:|---:|---:|---:|---:|---|")  # fmt: skip
         print("\n".join(gaps))
     stages = []
     for log in sorted((root / "logs").glob("*.log")):
