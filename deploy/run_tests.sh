@@ -19,6 +19,13 @@ cd "$(dirname "$0")/.."
 bash deploy/test_deps.sh || exit 1
 mkdir -p test-output
 start=$(date +%s)
+# How busy the cores were over the run (from /proc/stat): near 100% means more processes would not help;
+# well below it, they would. A line every 30 s in test-output/cpu.log shows where the cores sat idle.
+cpu_ticks() { awk '/^cpu /{print $2+$3+$4+$5+$6+$7+$8+$9, $5+$6}' /proc/stat 2>/dev/null; }
+cpu0=$(cpu_ticks)
+( prev=$cpu0; while sleep 30 && kill -0 $$ 2>/dev/null; do now=$(cpu_ticks); echo "$(date +%T) $prev $now" | awk '{t=$4-$2; i=$5-$3;
+  if (t > 0) printf "%s %3.0f%% busy\n", $1, 100 * (t - i) / t}'; prev=$now; done ) > test-output/cpu.log 2>/dev/null &
+sampler=$!
 if [ "${PYTEST_SPLIT:-1}" = 0 ]; then
   names=(all); groups=("tests")
 else
@@ -27,7 +34,8 @@ fi
 pids=()
 for i in "${!names[@]}"; do
   # shellcheck disable=SC2086  # a group is a list of directories
-  .venv/bin/python -m pytest --durations=25 ${groups[$i]} "$@" > "test-output/pytest-${names[$i]}.log" 2>&1 &
+  .venv/bin/python -m pytest --durations=25 --junitxml="test-output/junit-${names[$i]}.xml" ${groups[$i]} "$@" \
+    > "test-output/pytest-${names[$i]}.log" 2>&1 &
   pids+=($!)
 done
 forward() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; }
@@ -55,7 +63,10 @@ for n in "${names[@]}"; do
   passed=$((passed + ${p:-0}))
   for f in $(grep -oE '[0-9]+ (failed|errors?)' <<<"$line" | grep -oE '^[0-9]+' || true); do failed=$((failed + f)); done
 done
-echo "run_tests: pytest took $(( $(date +%s) - start )) s in ${#names[@]} process(es), exit $rc" >&2
+kill "$sampler" 2>/dev/null
+busy=$(echo "$cpu0 $(cpu_ticks)" | awk '{t=$3-$1; i=$4-$2; if (t > 0) printf "%.0f", 100 * (t - i) / t}')
+echo "run_tests: pytest took $(( $(date +%s) - start )) s in ${#names[@]} process(es), exit $rc;" \
+  "the cores were ${busy:-?}% busy on average (test-output/cpu.log; every test's time: test-output/junit-*.xml)" >&2
 [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1  # a failure pytest did not count (a crash, a leftover process)
 echo "run_tests: $passed passed, $failed failed"
 exit "$rc"
