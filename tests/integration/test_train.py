@@ -86,6 +86,22 @@ def test_resume_after_a_kill_continues_with_the_same_next_step_loss(store: Path,
         assert resumed[step]["lr"] == pytest.approx(straight[step]["lr"], rel=1e-12)
 
 
+@pytest.mark.slow  # inductor compiles the blocks and the loss for the CPU (C++): ~1 minute
+def test_a_compiled_training_gives_the_eager_losses_step_by_step(store: Path, tmp_path: Path) -> None:
+    """train.compile on (the blocks and the fused soft cross-entropy through inductor, as `auto` does on a GPU)
+    against off: the same losses per step and per TTT step, to float rounding, over updates that feed back."""
+    runs = {}
+    for mode in ("off", "on"):
+        with Trainer.build(job(store, tmp_path / mode, compile=mode, max_steps=4)) as t:
+            assert t.compiled == (mode == "on")
+            t.run()
+        runs[mode] = metrics(tmp_path / mode)
+    for step in range(1, 5):
+        assert runs["on"][step]["loss"] == pytest.approx(runs["off"][step]["loss"], rel=1e-4), step
+        assert runs["on"][step]["step_loss"] == pytest.approx(runs["off"][step]["step_loss"], rel=1e-4), step
+    assert runs["off"][4]["loss"] < runs["off"][1]["loss"]  # the steps did train
+
+
 def test_a_non_finite_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
     spec = SyntheticSpec(lengths=(30, 31, 32, 33))
     paths = write_run(tmp_path / "store", tmp_path / "target", spec)
