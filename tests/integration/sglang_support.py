@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pytest
 import torch
 
+import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
@@ -24,6 +26,8 @@ from tests.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 AUX = [2, 15, 27]  # EAGLE-3's default for SmolLM2's 30 layers
+SYNTH_PROMPTS = REPO / "tests" / "assets" / "synth_prompts.jsonl"  # 3 rows, one with two assistant turns
+CONTEXT = 512  # the plain server's --context-length: a longer prompt is refused (HTTP 400) on every attempt
 
 TEXTS = [
     "The capital of France is Paris.",
@@ -60,6 +64,31 @@ def sglang_config(run_dir: Path, model: Path, **server: Any) -> PipelineConfig:
             },
         }
     )
+
+
+def synthesize_config(run_dir: Path, model: Path, dataset: Path, **synthesize: Any) -> PipelineConfig:
+    """A synthesize run through SGLang; its `server` is the plain server's (tests/integration/conftest.py)."""
+    return PipelineConfig.model_validate(
+        {
+            "run_dir": str(run_dir),
+            "model": str(model),
+            "data": {"dataset": str(dataset), "max_length": 2048, "shard_size": 4},
+            "synthesize": {"max_new_tokens": 24, "temperature": 0.0, "concurrency": 8, **synthesize},
+            "server": {
+                "engine": "sglang",
+                "device": "cpu",
+                "python": str(SGLANG_PYTHON),
+                "port": free_port(),
+                "max_total_tokens": 8192,
+                "max_restarts": 1,
+                "extra_args": ["--context-length", str(CONTEXT)],
+            },
+        }
+    )
+
+
+def synthesized_records(store: RunStore) -> list[dict[str, Any]]:
+    return [json.loads(line) for p in sorted(synth.synthesized_dir(store).glob("shard-*.jsonl")) for line in p.open()]
 
 
 def start_server(cfg: PipelineConfig, model: Path, dump_dir: Path, **kw: Any) -> SGLangServer:

@@ -15,7 +15,8 @@ from eagle3.config import EvaluateConfig, PromptsConfig
 from eagle3.data.prepare import prepare
 from eagle3.serving.server import SGLangServer
 from eagle3.store.run_store import RunStore
-from tests.integration.test_synthesize_sglang import config, records, server  # noqa: F401 (the module's server)
+from tests.integration.sglang_support import synthesize_config as config
+from tests.integration.sglang_support import synthesized_records as records
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -24,8 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 def test_prompts_and_multi_sample_multi_turn_synthesize_through_sglang(
     tmp_path: Path,
     demo_model: Path,
-    server: SGLangServer,  # noqa: F811
+    plain_server: SGLangServer,
 ) -> None:
+    server = plain_server  # the session's (tests/integration/conftest.py)
     corpus = tmp_path / "run" / "prompts" / "prompts.jsonl"
     cfg = config(tmp_path / "run", demo_model, corpus, max_new_tokens=8, temperature=0.8, samples_per_prompt=2,
                  include_greedy=True, user_turns=1)  # fmt: skip

@@ -27,7 +27,7 @@ from eagle3.draft.model import DraftConfig, Eagle3Draft, apply_rope, dense_atten
 from eagle3.evaluate.live import LiveEvalError, measure
 from eagle3.release.export import ExportResult
 from eagle3.serving.server import SGLangServer
-from tests.integration.sglang_support import AUX, SGLANG_PYTHON, export_random_draft, require_sglang_env, sglang_config
+from tests.integration.sglang_support import AUX, SGLANG_PYTHON, export_random_draft, require_sglang_env
 from tests.ports import free_port
 
 pytestmark = pytest.mark.sglang
@@ -164,21 +164,16 @@ def test_stock_sglang_cannot_serve_eagle3_on_this_cpu_for_want_of_a_draft_attent
 
 
 def test_the_live_measurement_runs_against_the_real_plain_server(
-    demo_model: Path, demo_tokenizer: Any, tmp_path: Path
+    demo_tokenizer: Any, plain_server: SGLangServer
 ) -> None:
-    require_sglang_env()
     texts = [
         demo_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in ("What is the capital of France?", "Name three colours.")
     ]
     prompts = [demo_tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-    cfg = sglang_config(tmp_path, demo_model)
-    server = SGLangServer(cfg.server, demo_model, dump_dir=None, layers=None, log_dir=tmp_path / "server",
-                          base_env=dict(os.environ), port=free_port())  # fmt: skip
-    with server:
-        run, outputs = measure(server.url, prompts, label="plain", max_new_tokens=12)
-        with pytest.raises(LiveEvalError, match="not speculating"):
-            measure(server.url, prompts[:1], label="eagle3", max_new_tokens=4)
+    run, outputs = measure(plain_server.url, prompts, label="plain", max_new_tokens=12)  # the session's server
+    with pytest.raises(LiveEvalError, match="not speculating"):
+        measure(plain_server.url, prompts[:1], label="eagle3", max_new_tokens=4)
     assert [p.prompt_tokens for p in run.prompts] == [len(p) for p in prompts]
     assert all(0 < p.completion_tokens <= 12 for p in run.prompts) and run.tokens_per_s > 0.5
     assert "Paris" in demo_tokenizer.decode(outputs[0])  # greedy SmolLM2 answers it

@@ -10,61 +10,28 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import eagle3.data.synthesize as synth
-from eagle3.config import PipelineConfig
 from eagle3.progress import Progress
 from eagle3.serving.server import SGLangServer
 from eagle3.store.run_store import RunStore
-from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
-from tests.ports import free_port
+from tests.integration.sglang_support import SYNTH_PROMPTS as PROMPTS
+from tests.integration.sglang_support import require_sglang_env
+from tests.integration.sglang_support import synthesize_config as config
+from tests.integration.sglang_support import synthesized_records as records
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-PROMPTS = REPO / "tests" / "assets" / "synth_prompts.jsonl"  # 3 rows, one with two assistant turns
-CONTEXT = 512  # the server's --context-length: a longer prompt is refused (HTTP 400) on every attempt
 
 
-def config(run_dir: Path, model: Path, dataset: Path, **synthesize: Any) -> PipelineConfig:
-    return PipelineConfig.model_validate(
-        {
-            "run_dir": str(run_dir),
-            "model": str(model),
-            "data": {"dataset": str(dataset), "max_length": 2048, "shard_size": 4},
-            "synthesize": {"max_new_tokens": 24, "temperature": 0.0, "concurrency": 8, **synthesize},
-            "server": {
-                "engine": "sglang",
-                "device": "cpu",
-                "python": str(SGLANG_PYTHON),
-                "port": free_port(),
-                "max_total_tokens": 8192,
-                "max_restarts": 1,
-                "extra_args": ["--context-length", str(CONTEXT)],
-            },
-        }
-    )
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[SGLangServer]:
-    require_sglang_env()
-    root = tmp_path_factory.mktemp("served")
-    cfg = config(root / "run", demo_model, PROMPTS)
-    (s,) = synth.open_servers(cfg, demo_model, dict(os.environ), root / "server")
-    s.start()
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def records(store: RunStore) -> list[dict[str, Any]]:
-    return [json.loads(line) for p in sorted(synth.synthesized_dir(store).glob("shard-*.jsonl")) for line in p.open()]
+@pytest.fixture
+def server(plain_server: SGLangServer) -> SGLangServer:
+    """The session's plain server (tests/integration/conftest.py); the test that kills one starts its own."""
+    return plain_server
 
 
 def test_greedy_turns_through_sglang_are_identical_twice_and_finish_reasons_are_counted(
