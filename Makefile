@@ -41,7 +41,7 @@ test: venv lint sglang-env
 
 # The unit tier alone (no server, no SGLang, no browser), on both cores: about a minute (docs/testing.md).
 test-unit: venv
-	$(BIN)/python -m pytest -q -n 2 tests/unit
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -n 2 tests/unit
 
 # The node for the UI: server + work pool, `gpu` limit, deployments, automations + a worker (deploy/serve.sh).
 serve: venv

@@ -267,6 +267,10 @@ def load_model(model_dir: Path, server: ServerConfig) -> Any:
 #: Slow steps (a CPU) report at least every PROGRESS_EVERY_S, where the read costs nothing.
 PROGRESS_EVERY_STEPS = 16
 PROGRESS_EVERY_S = 2.0
+#: With the static KV cache, prompts are left-padded to a multiple of this many tokens: the cache's length (prompt +
+#: max_new_tokens) sets the compiled decode step's shapes, and a new length per batch recorded a new CUDA graph
+#: per batch (quality run 8's prompts stage: 9 sizes, 5.7K tok/s; docs/performance.md). Padding is masked out.
+STATIC_PAD_MULTIPLE = 64
 
 
 def generate_batch(
@@ -291,7 +295,10 @@ def generate_batch(
     pad = tok.pad_token_id if tok.pad_token_id is not None else stops[0]
     if tok.pad_token_id is None:  # many chat models (Llama 3) ship none; padding is masked out anyway
         tok.pad_token_id = pad
-    enc = tok(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
+    if static_cache is None:
+        static_cache = model.device.type == "cuda"
+    enc = tok(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt",
+              pad_to_multiple_of=STATIC_PAD_MULTIPLE if static_cache else None)  # fmt: skip
     enc = enc.to(model.device)
     sampled = scfg.temperature > 0 and sampling is None
     processors = LogitsProcessorList()
@@ -300,8 +307,6 @@ def generate_batch(
 
         processors.append(RowSampler(sampling, scfg.top_p, model.device))
     stop_set = torch.tensor(stops, device=model.device)
-    if static_cache is None:
-        static_cache = model.device.type == "cuda"
 
     class _Steps(StoppingCriteria):  # never stops anything: counts the tokens of the rows still running
         def __init__(self) -> None:

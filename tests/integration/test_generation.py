@@ -1,5 +1,6 @@
 """In-process generation (synthesize, the prompts stage) on the demo model: the static KV cache that a GPU uses by
-default gives the same tokens as the dynamic cache, greedy and per-row sampled, on the first 64 demo prompts; the
+default, with its prompts left-padded to a multiple of STATIC_PAD_MULTIPLE tokens (so that batches share compiled
+shapes), gives the same tokens as the dynamic cache, greedy and per-row sampled, on the first 64 demo prompts; the
 progress callback, called every few decode steps instead of every step, still adds up to every generated token.
 
 Compared in float32: in bfloat16 the dynamic cache itself answers a prompt differently in a batch of 64 than alone
@@ -17,7 +18,7 @@ import pytest
 from eagle3.config import ServerConfig, SynthesizeConfig
 from eagle3.data import synthesize
 from eagle3.data.chat import ChatTokenizer
-from eagle3.data.synthesize import PROGRESS_EVERY_STEPS, generate_batch, load_model
+from eagle3.data.synthesize import PROGRESS_EVERY_STEPS, STATIC_PAD_MULTIPLE, generate_batch, load_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,6 +42,8 @@ def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_s
 ) -> None:
     model, chat = target
     prompts = first_prompts(chat, 64)
+    longest = max(len(chat.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts)
+    assert longest % STATIC_PAD_MULTIPLE  # so the static cache's batch is padded further than the dynamic one's
     scfg = SynthesizeConfig(max_new_tokens=24, temperature=0.0, batch_size=64)
     dynamic = generate_batch(model, chat, prompts, scfg, static_cache=False)
     static = generate_batch(model, chat, prompts, scfg, static_cache=True)
