@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs the whole suite (unit, integration, end-to-end, UI) on both cores: two pytest processes side by side,
-#   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun; no Prefect server)
-#   prefect: tests/e2e tests/ui             (a Prefect server per process, the `make serve` node, Chromium)
-# split by directory, about 35 minutes of test time each (docs/testing.md). Not pytest-xdist's workers: a worker
-# that ran a browser test keeps Playwright's event loop in its main thread and its served node's PREFECT_API_URL,
-# and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md says more).
+#   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun), and two end-to-end files
+#            that start their own Prefect server (crash detection, the project's server from a fresh shell)
+#   prefect: the rest of tests/e2e, tests/ui (the session's Prefect server, the `make serve` node, Chromium)
+# split so each holds about half the test time, ~25 minutes on two cores (docs/testing.md). Not pytest-xdist's
+# workers: a worker that ran a browser test keeps Playwright's event loop in its main thread and its served node's
+# PREFECT_API_URL, and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md).
 # Extra arguments go to both processes; PYTEST_SPLIT=0 runs everything in one process. Each process prints its
 # 25 slowest tests and its time per directory and marker (tests/timing.py, which also applies the budget); the
 # logs are in test-output/pytest-<name>.log and printed whole at the end.
@@ -33,7 +34,11 @@ sampler=$!
 if [ "${PYTEST_SPLIT:-1}" = 0 ]; then
   names=(all); groups=("tests")
 else
-  names=(library prefect); groups=("tests/integration tests/unit" "tests/e2e tests/ui")
+  # Two end-to-end files that bring their own server and mostly wait on it run with the library: it balances the two
+  # (docs/testing.md).
+  moved="tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
+  names=(library prefect)
+  groups=("tests/integration tests/unit $moved" "tests/e2e tests/ui ${moved//tests\//--ignore=tests/}")
 fi
 pids=()
 for i in "${!names[@]}"; do
