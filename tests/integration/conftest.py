@@ -1,6 +1,7 @@
 """One plain SGLang server of the demo model for the session (bf16, no hidden-state hook), started on first use and
-shared by the tests that only send it requests: synthesize, the prompts stage, the live measurement. An SGLang
-start costs about a minute of both cores here; tests that kill, hang or reconfigure a server start their own."""
+shared by tests that only send it requests: the prompts stage with multi-sample synthesize, the live measurement.
+An SGLang start costs about a minute of both cores here; tests that kill, hang or reconfigure a server, or compare
+greedy outputs across runs (bf16 numerics depend on batching), start their own."""
 
 from __future__ import annotations
 

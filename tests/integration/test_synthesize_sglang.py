@@ -10,6 +10,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +29,19 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def server(plain_server: SGLangServer) -> SGLangServer:
-    """The session's plain server (tests/integration/conftest.py); the test that kills one starts its own."""
-    return plain_server
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[SGLangServer]:
+    """A server of this module's own, not the session's plain one: greedy turns are compared across two runs, and
+    on the shared server (which other modules' sampled, concurrent requests had warmed) one of three greedy answers
+    once came out different the second time (bf16 numerics depend on how requests are batched)."""
+    require_sglang_env()
+    root = tmp_path_factory.mktemp("served")
+    (s,) = synth.open_servers(config(root / "run", demo_model, PROMPTS), demo_model, dict(os.environ), root / "server")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.stop()
 
 
 def test_greedy_turns_through_sglang_are_identical_twice_and_finish_reasons_are_counted(
