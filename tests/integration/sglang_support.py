@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +91,19 @@ def synthesize_config(run_dir: Path, model: Path, dataset: Path, **synthesize: A
 
 def synthesized_records(store: RunStore) -> list[dict[str, Any]]:
     return [json.loads(line) for p in sorted(synth.synthesized_dir(store).glob("shard-*.jsonl")) for line in p.open()]
+
+
+@contextmanager
+def plain_server_at(root: Path, model: Path) -> Iterator[SGLangServer]:
+    """A plain SGLang server of `model` (synthesize_config's, no hook), its run and log under `root`, stopped after."""
+    require_sglang_env()
+    cfg = synthesize_config(root / "run", model, SYNTH_PROMPTS)
+    (server,) = synth.open_servers(cfg, model, dict(os.environ), root / "server")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def start_server(cfg: PipelineConfig, model: Path, dump_dir: Path, **kw: Any) -> SGLangServer:

@@ -21,7 +21,7 @@ from eagle3.progress import Progress
 from eagle3.serving.server import SGLangServer
 from eagle3.store.run_store import RunStore
 from tests.integration.sglang_support import SYNTH_PROMPTS as PROMPTS
-from tests.integration.sglang_support import require_sglang_env
+from tests.integration.sglang_support import plain_server_at, require_sglang_env
 from tests.integration.sglang_support import synthesize_config as config
 from tests.integration.sglang_support import synthesized_records as records
 
@@ -34,14 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterat
     """A server of this module's own, not the session's plain one: greedy turns are compared across two runs, and
     on the shared server (which other modules' sampled, concurrent requests had warmed) one of three greedy answers
     once came out different the second time (bf16 numerics depend on how requests are batched)."""
-    require_sglang_env()
-    root = tmp_path_factory.mktemp("served")
-    (s,) = synth.open_servers(config(root / "run", demo_model, PROMPTS), demo_model, dict(os.environ), root / "server")
-    s.start()
-    try:
+    with plain_server_at(tmp_path_factory.mktemp("served"), demo_model) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def test_greedy_turns_through_sglang_are_identical_twice_and_finish_reasons_are_counted(
