@@ -8,11 +8,13 @@ memory-bandwidth limit, per implementation and batch size.
 same speed as the trained weights; no answer stops early, so every row generates --max-new-tokens). The prompts are
 the demo prompts in the chat template, repeated to fill a batch. Implementations (of
 eagle3.data.synthesize.generate_batch): `before` reads its progress count off the device every decode step, with
-the dynamic cache (the code before this bench); `dynamic` every 16 steps; `static` also uses transformers' static
-KV cache, which it compiles on CUDA (the default on a GPU). `--check N`: of the first N prompts, greedy, how many
-rows `static` answers with exactly `before`'s tokens. tok/s = generated tokens / wall seconds of the call, after a
-short warm-up call (static: one of the same shape, which compiles). The limit: bytes read per decode step (weights
-+ the KV cache at the batch's mean context) over --bandwidth-tbs (H200: 4.8 TB/s).
+the dynamic cache (session 11's code); `dynamic` every 16 steps; `hf-static`: transformers' generate with its
+static KV cache, which it compiles on CUDA (the GPU default until session 14, now what models with sliding-window
+layers get); `loop-eager`: our decode loop (eagle3.data.decode) over a static cache, eager; `loop`: the same
+replaying its decode step as a CUDA graph (the GPU default). `--check N`: of the first N prompts, greedy, how many
+rows each implementation answers with exactly `before`'s tokens. tok/s = generated tokens / wall seconds of the
+call, after a warm-up call of the same shape (hf-static compiles in it). The limit: bytes read per decode step
+(weights + the KV cache at the batch's mean context) over --bandwidth-tbs (H200: 4.8 TB/s).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from eagle3.config import SynthesizeConfig
-from eagle3.data import synthesize
+from eagle3.data import decode, synthesize
 from eagle3.data.chat import ChatTokenizer
 from eagle3.data.synthesize import generate_batch
 
@@ -65,17 +67,22 @@ def limit_tok_s(model: Any, batch: int, mean_context: float, bandwidth_tbs: floa
     return batch / (step_bytes / (bandwidth_tbs * 1e12))
 
 
+IMPLS = ("before", "dynamic", "hf-static", "loop-eager", "loop")
+
+
 def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: SynthesizeConfig, sampled: bool) -> Any:
-    """`before`: this code before the change (a progress read every decode step, dynamic cache); `dynamic`: progress
-    every PROGRESS_EVERY_STEPS steps; `static`: that and the static cache (the default on a GPU)."""
+    """One of IMPLS (the module docstring says which is which)."""
     sampling = [(scfg.temperature if sampled else 0.0, i) for i in range(len(prompts))]
     counted = [0]
-    every = synthesize.PROGRESS_EVERY_STEPS
+    every, fits, graph = synthesize.PROGRESS_EVERY_STEPS, decode.fits, decode.CUDA_GRAPH
     synthesize.PROGRESS_EVERY_STEPS = 1 if impl == "before" else every
+    decode.fits = (lambda m: False) if impl == "hf-static" else fits  # type: ignore[assignment]
+    decode.CUDA_GRAPH = impl == "loop"
     try:
-        return generate_batch(model, chat, prompts, scfg, counted.append, sampling, static_cache=impl == "static")
+        static = impl in ("hf-static", "loop-eager", "loop")
+        return generate_batch(model, chat, prompts, scfg, counted.append, sampling, static_cache=static)
     finally:
-        synthesize.PROGRESS_EVERY_STEPS = every
+        synthesize.PROGRESS_EVERY_STEPS, decode.fits, decode.CUDA_GRAPH = every, fits, graph
 
 
 def main() -> None:
@@ -84,8 +91,8 @@ def main() -> None:
     ap.add_argument("--random-weights", action="store_true")
     ap.add_argument("--batch", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--impl", nargs="+", default=["before", "dynamic", "static"])
-    ap.add_argument("--check", type=int, default=64, help="rows compared, static vs before, greedy (0: none)")
+    ap.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
+    ap.add_argument("--check", type=int, default=64, help="rows compared with before's, greedy (0: none)")
     ap.add_argument("--sampled", action="store_true", help="every row sampled (temperature 0.8), else greedy")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="H200 HBM3e: 4.8 TB/s")
@@ -108,7 +115,7 @@ def main() -> None:
                 scfg.model_copy(update={"max_new_tokens": 16}),
                 args.sampled,
             )
-            if impl == "static":  # compiled for the cache's shape: warm up on this one
+            if impl not in ("before", "dynamic"):  # hf-static compiles for the cache's shape: warm up on it
                 run(impl, model, chat, prompts, scfg, args.sampled)
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
@@ -126,9 +133,11 @@ def main() -> None:
         prompts = prompts_of(chat, args.check)
         greedy = scfg.model_copy(update={"temperature": 0.0})
         a = run("before", model, chat, prompts, greedy, False)
-        b = run("static", model, chat, prompts, greedy, False)
-        same = sum(x.text == y.text for x, y in zip(a, b, strict=True))
-        print(f"\nstatic vs before, greedy, first {args.check} prompts: {same} rows identical")
+        print()
+        for impl in args.impl:
+            b = run(impl, model, chat, prompts, greedy, False)
+            same = sum(x.text == y.text for x, y in zip(a, b, strict=True))
+            print(f"{impl} vs before, greedy, first {args.check} prompts: {same} of {len(a)} rows identical")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ while [ "$(date +%s)" -lt $end ] && ! grep -q -E "DONE|FAILED" "$R/steps" 2>/dev
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
 done
 cat "$R/steps"; tail -5 "$R/driver.log"
-cd "$R" && tar czf "${OUT:-/tmp}/q.tgz" steps driver.log logs $(ls -d */run/eval */run/train*/metrics.jsonl */run/prompts/summary.json \
+cd "$R" && tar czf "${OUT:-/tmp}/q.tgz" steps driver.log logs $(ls -d */run/eval */run/train*/metrics.jsonl */run/train*/train.log */run/prompts/summary.json \
   */run/synthesized/summary.json */run/run.json */run/convert.json 2>/dev/null) 2>/dev/null; ls -la "${OUT:-/tmp}"
 cd "$REPO"
 if [ "${BRING_CORPUS:-1}" = 1 ] && grep -q "^[0-9]* data" "$R/steps" 2>/dev/null; then  # in 15 MiB parts: a file over 16 MiB does not come back

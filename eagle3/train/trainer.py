@@ -392,6 +392,12 @@ class Trainer:
                     if reporter is not None:
                         reporter.tokens += last["tokens"]
                         reporter.log(last)
+                        if self.compiled and self.step - self.start_step <= self.cfg.log_every:
+                            # where a cold start's first minutes went, per compiled function (train.log)
+                            print(
+                                f"compilation, dynamo's tally:\n{torch._dynamo.utils.compile_times(repr='str')}",
+                                flush=True,
+                            )
                 if self.step % self.cfg.checkpoint_every == 0 or self.step == self.total_steps:
                     self._save(reporter)
         finally:

@@ -1,7 +1,9 @@
 """In-process generation (synthesize, the prompts stage) on the demo model: the static KV cache that a GPU uses by
-default, with its prompts left-padded to a multiple of STATIC_PAD_MULTIPLE tokens (so that batches share compiled
-shapes), gives the same tokens as the dynamic cache, greedy and per-row sampled, on the first 64 demo prompts; the
-progress callback, called every few decode steps instead of every step, still adds up to every generated token.
+default, decoded by our own loop (eagle3.data.decode; eager here: the CUDA graph it replays on a GPU needs one), gives
+the same tokens as transformers' generate with the dynamic cache, greedy and per-row sampled, on the first 64 demo
+prompts, and so does generate's own static cache with prompts left-padded to a multiple of STATIC_PAD_MULTIPLE tokens
+(what models the loop does not fit get); the progress callback, called every few decode steps instead of every step,
+still adds up to every generated token.
 
 Compared in float32: in bfloat16 the dynamic cache itself answers a prompt differently in a batch of 64 than alone
 (row 0: "L'Étoile, la Marseillaise," vs "The capital of France is Paris."; 14 of 64 rows differ between the two
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import ServerConfig, SynthesizeConfig
-from eagle3.data import synthesize
+from eagle3.data import decode, synthesize
 from eagle3.data.chat import ChatTokenizer
 from eagle3.data.synthesize import PROGRESS_EVERY_STEPS, STATIC_PAD_MULTIPLE, generate_batch, load_model
 
@@ -38,22 +40,29 @@ def first_prompts(chat: ChatTokenizer, n: int) -> list[str]:
 
 
 def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_sampled(
-    target: tuple[object, ChatTokenizer],
+    target: tuple[object, ChatTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, chat = target
+    assert decode.fits(model)  # so static_cache=True below is our loop
     prompts = first_prompts(chat, 64)
-    longest = max(len(chat.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts)
-    assert longest % STATIC_PAD_MULTIPLE  # so the static cache's batch is padded further than the dynamic one's
     scfg = SynthesizeConfig(max_new_tokens=24, temperature=0.0, batch_size=64)
-    dynamic = generate_batch(model, chat, prompts, scfg, static_cache=False)
+    greedy = generate_batch(model, chat, prompts, scfg, static_cache=False)
     static = generate_batch(model, chat, prompts, scfg, static_cache=True)
-    assert [t.text for t in static] == [t.text for t in dynamic]
-    assert sum(t.tokens for t in dynamic) > 64 * 8  # answers, not empty turns
+    assert [t.text for t in static] == [t.text for t in greedy]
+    assert sum(t.tokens for t in greedy) > 64 * 8  # answers, not empty turns
+    assert [t.tokens for t in static] == [t.tokens for t in greedy]  # stopped at the same token
 
     sampling = [(0.8 if i % 2 else 0.0, 1000 + i) for i in range(16)]  # half sampled, each row its own seed
     dynamic = generate_batch(model, chat, prompts[:16], scfg, sampling=sampling, static_cache=False)
     static = generate_batch(model, chat, prompts[:16], scfg, sampling=sampling, static_cache=True)
     assert [t.text for t in static] == [t.text for t in dynamic]
+
+    # a model the loop does not fit: generate's static cache, its prompts padded further than the dynamic batch's
+    longest = max(len(chat.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts)
+    assert longest % STATIC_PAD_MULTIPLE
+    monkeypatch.setattr(decode, "fits", lambda model: False)
+    static = generate_batch(model, chat, prompts, scfg, static_cache=True)
+    assert [t.text for t in static] == [t.text for t in greedy]
 
 
 def test_progress_is_reported_every_few_steps_and_adds_up_to_the_generated_tokens(
@@ -66,3 +75,26 @@ def test_progress_is_reported_every_few_steps_and_adds_up_to_the_generated_token
     turns = generate_batch(model, chat, first_prompts(chat, 4), scfg, calls.append)
     assert sum(calls) == sum(t.tokens for t in turns)
     assert 1 <= len(calls) <= 3  # every PROGRESS_EVERY_STEPS decode steps, and once at the end
+
+
+@pytest.mark.parametrize(
+    "arch", ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"]
+)
+def test_the_decode_loop_gives_the_tokens_of_generate_on_every_architecture_it_decodes(
+    tiny_models: dict[str, Path], arch: str
+) -> None:
+    """The families users serve (a DeepSeek-V3 backbone with MLA, Qwen3 dense and MoE, Llama), tiny random-weight
+    ones in float32: our loop's tokens are generate's with the dynamic cache. (gpt-oss has sliding-window layers:
+    the loop does not fit it and generate keeps it, asserted here too.)"""
+    model = load_model(tiny_models[arch], ServerConfig(device="cpu", dtype="float32"))
+    chat = ChatTokenizer.from_model_dir(tiny_models[arch])
+    assert decode.fits(model)
+    assert not decode.fits(load_model(tiny_models["GptOssForCausalLM"], ServerConfig(device="cpu", dtype="float32")))
+    texts = ["Hi, who are you?", "Write a poem about the sea, the sky and a cat on a boat.", "2+2?"]
+    prompts = [chat.render([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
+    scfg = SynthesizeConfig(max_new_tokens=12, temperature=0.0, batch_size=4)
+    sampling = [(0.0, 1), (0.8, 2), (0.8, 3)]
+    for rows in (None, sampling):
+        want = generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=False)
+        got = generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=True)
+        assert [(t.text, t.tokens) for t in got] == [(t.text, t.tokens) for t in want]

@@ -1,0 +1,138 @@
+"""Batched decoding over a static KV cache, our own loop (synthesize and the prompts stage on a GPU).
+
+transformers' `generate` asks the GPU whether every row has finished after each decode step, so the host waits for
+each step before queueing the next, and runs its per-step Python (inputs, masks, processors, stopping checks) in
+between: on an H200 a 135M target's batch of 1,024 decoded at 3% of what memory bandwidth allows
+(docs/performance.md, "In-process generation"). This loop keeps the host ahead of the device: the only reads are
+a progress count and "all rows done?" every `report_every` steps; the attention mask is one [B, L] buffer updated
+in place; and on CUDA the decode step (the model's forward for one token per row) is captured once per batch as a
+CUDA graph and replayed, so a step costs one launch instead of a few hundred. No compiler: a batch of a new shape
+costs one more capture (milliseconds), not a compilation.
+
+Same tokens as `generate` (tests/integration/test_generation.py): positions are the left-padded mask's cumulative
+sum, logits are taken in float32, and `pick` is what `generate` would do with them (argmax after the row
+sampler). Models whose cache is not one full-attention cache per layer (sliding-window layers) are not served by
+this loop: `fits` says so and the caller keeps `generate`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+#: Replay the decode step as a CUDA graph on a GPU (bench/generate_bench.py turns it off to measure what it gives).
+CUDA_GRAPH = True
+
+
+def fits(model: Any) -> bool:
+    """Whether this loop decodes `model`: SDPA attention (the mask below is a boolean one) and no sliding-window
+    layers (the mask below covers one full-length cache)."""
+    cfg = model.config
+    if getattr(cfg, "_attn_implementation", None) != "sdpa":
+        return False
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+        return False
+    return not any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
+
+
+def _step_fn(model: Any, cache: Any, tok: Tensor, pos: Tensor, mask: Tensor) -> Callable[[], Tensor]:
+    def step() -> Tensor:
+        out = model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        return out.logits[:, -1]
+
+    return step
+
+
+@torch.inference_mode()
+def decode(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    max_new_tokens: int,
+    stops: Tensor,
+    pad: int,
+    pick: Callable[[Tensor], Tensor],
+    report: Callable[[int], None],
+    report_every: int,
+    report_every_s: float,
+    cuda_graph: bool | None = None,
+) -> Tensor:
+    """Generate up to max_new_tokens per row of the left-padded `input_ids` [B, P]; returns [B, T] (T <=
+    max_new_tokens: the loop ends once every row has produced a stop token), `pad` after a row's stop. `pick`:
+    float32 logits [B, V] -> next tokens [B]. `report(n)`: the tokens generated since the last report, every
+    `report_every` steps (or `report_every_s` seconds) and at the end. `cuda_graph`: replay the decode step as a
+    CUDA graph (default: on CUDA)."""
+    from transformers import StaticCache
+
+    b, p = input_ids.shape
+    dev = input_ids.device
+    length = p + max_new_tokens
+    if cuda_graph is None:  # one graph captures one device's work: not for a model spread over several GPUs
+        cuda_graph = CUDA_GRAPH and dev.type == "cuda" and len({q.device for q in model.parameters()}) == 1
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    keys = torch.zeros(b, length, dtype=torch.bool, device=dev)  # the cache slots each row may attend to
+    keys[:, :p] = attention_mask.bool()
+    pos = (attention_mask.long().cumsum(-1) - 1).masked_fill_(attention_mask == 0, 1)  # as generate sets them
+
+    # prefill: causal over the prompt, padding masked; a padding query attends to itself, so none of its softmax
+    # rows is empty (an empty one is NaN, which would reach the cache and, through 0 * NaN, the real rows)
+    slot = torch.arange(length, device=dev)
+    causal = slot[None, :] <= torch.arange(p, device=dev)[:, None]  # [P, L]
+    prefill_mask = (keys[:, None, :] & causal[None]) | (slot[None, :] == torch.arange(p, device=dev)[:, None])[None]
+    logits = model(input_ids=input_ids, attention_mask=prefill_mask[:, None], position_ids=pos,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # fmt: skip
+    del prefill_mask
+
+    tok = torch.empty(b, 1, dtype=torch.long, device=dev)  # the step's inputs, updated in place
+    step_pos = pos[:, -1:] + 1
+    mask = keys[:, None, None, :]  # a view: writes to `keys` reach the captured graph
+    step = _step_fn(model, cache, tok, step_pos, mask)
+    graph: Any = None
+    graph_logits = logits  # the captured step's output buffer, once captured
+
+    out = torch.full((b, max_new_tokens), pad, dtype=torch.long, device=dev)
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    counted = torch.zeros((), dtype=torch.long, device=dev)  # tokens since the last report, on the device
+    last = time.monotonic()
+    steps = max_new_tokens
+    side = torch.cuda.Stream(dev) if cuda_graph else None  # the eager step before a capture runs on a side stream
+    for t in range(max_new_tokens):
+        nxt = torch.where(done, pad, pick(logits.float()))
+        out[:, t] = nxt
+        counted += (~done).sum()
+        done |= torch.isin(nxt, stops)
+        if t + 1 == max_new_tokens:
+            break
+        if (t + 1) % report_every == 0 or time.monotonic() - last >= report_every_s:
+            report(int(counted))  # the one host read: every report_every steps
+            counted.zero_()
+            last = time.monotonic()
+            if bool(done.all()):
+                steps = t + 1
+                break
+        tok.copy_(nxt[:, None])
+        keys[:, p + t] = True
+        if t:
+            step_pos += 1
+        if graph is not None:
+            graph.replay()
+            logits = graph_logits
+        elif side is not None and t:  # the first step ran eagerly (lazy initialisation); capture the second
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                graph_logits = step()
+            graph.replay()
+            logits = graph_logits
+        elif side is not None:  # as torch.cuda.graphs advises: warm up on a side stream, not the capture's
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                logits = step()
+            torch.cuda.current_stream(dev).wait_stream(side)
+        else:
+            logits = step()
+    report(int(counted))
+    return out[:, :steps]
