@@ -84,8 +84,11 @@ def test_the_decode_loop_gives_the_tokens_of_generate_on_every_architecture_it_d
     tiny_models: dict[str, Path], arch: str
 ) -> None:
     """The families users serve (a DeepSeek-V3 backbone with MLA, Qwen3 dense and MoE, Llama), tiny random-weight
-    ones in float32: our loop's tokens are generate's with the dynamic cache. (gpt-oss has sliding-window layers:
-    the loop does not fit it and generate keeps it, asserted here too.)"""
+    ones in float32, greedy: our loop's tokens are generate's with the dynamic cache. (gpt-oss has sliding-window
+    layers: the loop does not fit it and generate keeps it, asserted here too.) Greedy only: a random-weight model's
+    next-token distribution over 150K tokens is nearly flat, so a sampled draw lands within float32 rounding of a
+    bucket's edge often enough that the two caches' summation orders pick different tokens; sampled rows are
+    compared on the demo model's trained weights above."""
     model = load_model(tiny_models[arch], ServerConfig(device="cpu", dtype="float32"))
     chat = ChatTokenizer.from_model_dir(tiny_models[arch])
     assert decode.fits(model)
@@ -93,8 +96,6 @@ def test_the_decode_loop_gives_the_tokens_of_generate_on_every_architecture_it_d
     texts = ["Hi, who are you?", "Write a poem about the sea, the sky and a cat on a boat.", "2+2?"]
     prompts = [chat.render([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
     scfg = SynthesizeConfig(max_new_tokens=12, temperature=0.0, batch_size=4)
-    sampling = [(0.0, 1), (0.8, 2), (0.8, 3)]
-    for rows in (None, sampling):
-        want = generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=False)
-        got = generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=True)
-        assert [(t.text, t.tokens) for t in got] == [(t.text, t.tokens) for t in want]
+    want = generate_batch(model, chat, prompts, scfg, static_cache=False)
+    got = generate_batch(model, chat, prompts, scfg, static_cache=True)
+    assert [(t.text, t.tokens) for t in got] == [(t.text, t.tokens) for t in want]
