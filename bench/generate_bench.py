@@ -85,6 +85,33 @@ def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: Sy
         synthesize.PROGRESS_EVERY_STEPS, decode.fits, decode.CUDA_GRAPH = every, fits, graph
 
 
+def profile(
+    impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: SynthesizeConfig, sampled: bool
+) -> None:
+    """Where one call's device time goes: the top kernels, and the top operators with their input shapes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run(impl, model, chat, prompts, scfg, sampled)  # warm: compiled, captured
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        start = time.perf_counter()
+        run(impl, model, chat, prompts, scfg, sampled)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and not e.name.startswith("##")]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time / 1e6)
+    busy = sum(sum(t) for t in by_name.values())
+    print(f"\nprofile {impl}, batch {len(prompts)}, {scfg.max_new_tokens} tokens: {wall:.3f} s wall, device busy "
+          f"{busy:.3f} s, {len(kernels)} kernels")  # fmt: skip
+    for name, t in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:20]:
+        print(f"  {sum(t) * 1e3:9.1f} ms  x{len(t):6d}  {name[:110]}")
+    ops = prof.key_averages(group_by_input_shape=True)
+    print(ops.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=40,
+                    max_shapes_column_width=80), flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, required=True)
@@ -95,6 +122,13 @@ def main() -> None:
     ap.add_argument("--check", type=int, default=64, help="rows compared with before's, greedy (0: none)")
     ap.add_argument("--sampled", action="store_true", help="every row sampled (temperature 0.8), else greedy")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--profile",
+        nargs="*",
+        choices=IMPLS,
+        default=[],
+        help="these implementations once more at the largest batch, 32 tokens, under torch.profiler",
+    )
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="H200 HBM3e: 4.8 TB/s")
     args = ap.parse_args()
 
@@ -128,6 +162,10 @@ def main() -> None:
             limit = limit_tok_s(model, batch, mean_context, args.bandwidth_tbs)
             print(f"| {impl} | {batch} | {tokens:,} | {seconds:.2f} | {tokens / seconds:,.0f} | {limit:,.0f} | "
                   f"{tokens / seconds / limit:.3f} |", flush=True)  # fmt: skip
+
+    for impl in args.profile:
+        profile(impl, model, chat, prompts_of(chat, max(args.batch)), scfg.model_copy(update={"max_new_tokens": 32}),
+                args.sampled)  # fmt: skip
 
     if args.check:
         prompts = prompts_of(chat, args.check)

@@ -302,6 +302,8 @@ def run(args: argparse.Namespace) -> None:
             results[mode] = r
             if rank == 0:
                 print(json.dumps(r), flush=True)
+                if args.compile and len(results) == 1:  # where the first step's compilation went
+                    print(torch._dynamo.utils.compile_times(repr="str"), flush=True)
             if args.profile and mode == "memory" and rank == 0 and cuda:
                 raw = Path(args.out + ".profile") if args.out else None
                 r["profile"] = profile_steps(trainer, batches, args.profile, raw)

@@ -13,6 +13,11 @@ Same tokens as `generate` (tests/integration/test_generation.py): positions are 
 sum, logits are taken in float32, and `pick` is what `generate` would do with them (argmax after the row
 sampler). Models whose cache is not one full-attention cache per layer (sliding-window layers) are not served by
 this loop: `fits` says so and the caller keeps `generate`.
+
+Attention in the decode step is our own (`_grouped_attention`, registered with transformers' AttentionInterface
+for the loop's duration): with a padding mask, transformers' SDPA path copies every key/value head once per query
+head that shares it (repeat_kv) before calling the kernel, g times the KV cache's bytes each step; with one query
+token per row, the g query heads of a group attend as g query positions of their one key/value head instead.
 """
 
 from __future__ import annotations
@@ -22,7 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+ATTENTION = "eagle3_decode"  # the name _grouped_attention is registered under
 
 #: Replay the decode step as a CUDA graph on a GPU (bench/generate_bench.py turns it off to measure what it gives).
 CUDA_GRAPH = True
@@ -37,6 +45,30 @@ def fits(model: Any) -> bool:
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return False
     return not any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or [])
+
+
+def _grouped_attention(
+    module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None, **kwargs: Any
+) -> tuple[Tensor, None]:
+    """transformers' attention interface: query [B, nh, q, hd], key/value [B, nkv, L, hd] -> [B, q, nh, hd]. One
+    query token (decode): the nh / nkv query heads of key/value head j (heads j*g .. j*g+g-1, as repeat_kv orders
+    them) are g query positions against that head; else, and without grouping, transformers' SDPA function."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    b, nh, q, hd = query.shape
+    nkv = key.shape[1]
+    if q != 1 or nh == nkv:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    out = F.scaled_dot_product_attention(
+        query.reshape(b, nkv, nh // nkv, hd), key, value, attn_mask=attention_mask, scale=kwargs.get("scaling")
+    )  # [B, nkv, g, hd]
+    return out.reshape(b, nh, 1, hd).transpose(1, 2).contiguous(), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, _grouped_attention)
 
 
 def _step_fn(model: Any, cache: Any, tok: Tensor, pos: Tensor, mask: Tensor) -> Callable[[], Tensor]:
@@ -70,7 +102,7 @@ def decode(
 
     b, p = input_ids.shape
     dev = input_ids.device
-    length = p + max_new_tokens
+    length = -(-(p + max_new_tokens) // 8) * 8  # a mask row of 16-byte multiples: SDPA's fused kernels take it as is
     if cuda_graph is None:  # one graph captures one device's work: not for a model spread over several GPUs
         cuda_graph = CUDA_GRAPH and dev.type == "cuda" and len({q.device for q in model.parameters()}) == 1
     cache = StaticCache(config=model.config, max_cache_len=length)
@@ -87,6 +119,33 @@ def decode(
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # fmt: skip
     del prefill_mask
 
+    _register_attention()
+    sdpa, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
+    try:
+        return _decode_steps(model, cache, logits, keys, pos, p, max_new_tokens, stops, pad, pick, report,
+                             report_every, report_every_s, cuda_graph)  # fmt: skip
+    finally:
+        model.config._attn_implementation = sdpa
+
+
+def _decode_steps(
+    model: Any,
+    cache: Any,
+    logits: Tensor,
+    keys: Tensor,
+    pos: Tensor,
+    p: int,
+    max_new_tokens: int,
+    stops: Tensor,
+    pad: int,
+    pick: Callable[[Tensor], Tensor],
+    report: Callable[[int], None],
+    report_every: int,
+    report_every_s: float,
+    cuda_graph: bool,
+) -> Tensor:
+    """decode's loop after the prefill (its arguments are decode's and its state: the cache, the first logits)."""
+    b, dev = keys.shape[0], keys.device
     tok = torch.empty(b, 1, dtype=torch.long, device=dev)  # the step's inputs, updated in place
     step_pos = pos[:, -1:] + 1
     mask = keys[:, None, None, :]  # a view: writes to `keys` reach the captured graph
