@@ -1,11 +1,13 @@
 """Cold compilation of the draft trainer's compiled pieces, one at a time (issue #33 item 2: where a fresh machine's
 first training step spends its minutes). Run each piece in a fresh process with empty caches:
 
-    for p in mask mask-eager flex; do TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) \\
-        python3 bench/compile_probe.py $p; done
+    for p in mask mask-eager mask-blocks flex loss; do
+        TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) TRITON_CACHE_DIR=$(mktemp -d) python3 bench/compile_probe.py $p; done
 
-`mask`: FlexAttention's block mask of one packed row (documents, causal), compiled as the trainer builds it
-(eagle3.draft.model.FlexAttend); `mask-eager`: the same mask built without compiling; `flex`: FlexAttention forward
+`mask`: FlexAttention's block mask of one packed row (documents, causal) by torch's create_block_mask, compiled,
+as the trainer built it until session 14 (cold on an H200 it did not finish in 200 s); `mask-eager`: the same
+without compiling; `mask-blocks`: the trainer's now, from each block's first and last document
+(eagle3.draft.model.FlexAttend.block_mask, nothing compiled); `flex`: FlexAttention forward
 and backward at the quality draft's shapes (SmolLM2: 9 query heads, 3 key/value heads of 64) over that mask;
 `loss`: the fused soft cross-entropy's two chunk functions (eagle3.draft.loss, a 4,096-token chunk, 32,000 draft
 tokens).
@@ -40,7 +42,7 @@ def timed(fn) -> float:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("piece", choices=["mask", "mask-eager", "flex", "loss"])
+    ap.add_argument("piece", choices=["mask", "mask-eager", "mask-blocks", "flex", "loss"])
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--docs", type=int, default=60)
     args = ap.parse_args()
@@ -57,7 +59,13 @@ def main() -> None:
         return fa.create_block_mask(same_doc_causal, None, None, n, n, device=dev, _compile=compiled)
 
     out: dict[str, object] = {"piece": args.piece, "tokens": args.tokens, "torch": torch.__version__}
-    if args.piece in ("mask", "mask-eager"):
+    if args.piece == "mask-blocks":
+        from eagle3.draft.model import FlexAttend
+
+        flex = FlexAttend()
+        out["first_s"] = timed(lambda: flex.block_mask(docs[0]))
+        out["second_s"] = timed(lambda: flex.block_mask(docs[1]))
+    elif args.piece in ("mask", "mask-eager"):
         out["first_s"] = timed(lambda: mask_of(docs[0], args.piece == "mask"))
         out["second_s"] = timed(lambda: mask_of(docs[1], args.piece == "mask"))
     elif args.piece == "loss":

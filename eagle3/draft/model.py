@@ -212,6 +212,37 @@ def dense_attend(doc: Tensor) -> AttendFn:
     return attend
 
 
+#: FlexAttention's block edge: the block mask says, per (query block, key block), none / some / all allowed.
+FLEX_BLOCK = 128
+
+
+def document_blocks(doc: Tensor, block: int = FLEX_BLOCK) -> tuple[Tensor, Tensor]:
+    """Causal attention within documents, per pair of blocks of `block` tokens of one packed row whose document ids
+    `doc` [N] never decrease: (some [nb, nb], full [nb, nb]) booleans, `some` where any query of block i may see
+    any key of block j, `full` where every one may see every one. From each block's first and last document alone,
+    so nothing is compiled: torch's create_block_mask evaluates the mask per token pair and, compiled, took minutes
+    to compile cold on an H200 (bench/compile_probe.py, docs/performance.md)."""
+    n = len(doc)
+    nb = -(-n // block)
+    padded = torch.full((nb * block,), torch.iinfo(torch.int32).max, dtype=doc.dtype, device=doc.device)
+    padded[:n] = doc  # past the row's end: a document of its own, seen by no real token
+    first, last = padded.view(nb, block)[:, 0], padded.view(nb, block)[:, -1]
+    last = torch.where(torch.arange(nb, device=doc.device) * block + block > n, padded[n - 1], last)
+    i, j = torch.arange(nb, device=doc.device)[:, None], torch.arange(nb, device=doc.device)[None, :]
+    some = (j <= i) & (last[None, :] >= first[:, None])  # key block j reaches into query block i's documents
+    one = first == last  # the block lies in one document
+    full = (j < i) & one[:, None] & one[None, :] & (first[:, None] == first[None, :])
+    full &= torch.arange(nb, device=doc.device)[:, None] * block + block <= n  # a cut-off last block is partial
+    return some & ~full, full
+
+
+def _as_kv_blocks(blocks: Tensor) -> tuple[Tensor, Tensor]:
+    """[nb, nb] booleans -> BlockMask's (counts [1, 1, nb], indices [1, 1, nb, nb]) int32, ascending per row."""
+    counts = blocks.sum(-1, dtype=torch.int32)
+    order = torch.argsort((~blocks).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    return counts[None, None], order[None, None]
+
+
 class FlexAttend:
     """Causal attention within documents through FlexAttention (compiled once, held here; CUDA)."""
 
@@ -222,12 +253,19 @@ class FlexAttend:
         self._flex: Any = torch.compile(fa.flex_attention, dynamic=False)
         self._aux = fa.AuxRequest(lse=True) if hasattr(fa, "AuxRequest") else None
 
-    def __call__(self, doc: Tensor) -> AttendFn:
+    def block_mask(self, doc: Tensor) -> Any:
+        """The row's BlockMask, built from its document blocks (document_blocks), the token rule for partial ones."""
+
         def same_doc_causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
 
+        partial, full = document_blocks(doc)
         n = len(doc)
-        block_mask = self._fa.create_block_mask(same_doc_causal, None, None, n, n, device=doc.device, _compile=True)
+        return self._fa.BlockMask.from_kv_blocks(*_as_kv_blocks(partial), *_as_kv_blocks(full), BLOCK_SIZE=FLEX_BLOCK,
+                                                 mask_mod=same_doc_causal, seq_lengths=(n, n))  # fmt: skip
+
+    def __call__(self, doc: Tensor) -> AttendFn:
+        block_mask = self.block_mask(doc)
 
         def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
             qb, kb, vb = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))  # [1, heads, N, hd]

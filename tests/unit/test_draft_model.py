@@ -239,3 +239,46 @@ def test_flex_attention_matches_the_dense_reference_forward_and_backward_on_cuda
         results.append([out.detach().float(), *[g.float() for g in grads]])
     for a, b in zip(*results, strict=True):
         assert float((a - b).norm() / b.norm()) < 2e-2
+
+
+def _blocks_of(num: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """A BlockMask's (counts [1, 1, nb], indices [1, 1, nb, nb]) as booleans [nb, nb]."""
+    nb = num.shape[-1]
+    out = torch.zeros(nb, idx.shape[-1], dtype=torch.bool)
+    for r in range(nb):
+        out[r, idx[0, 0, r, : int(num[0, 0, r])].long()] = True
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_block_mask_built_from_document_blocks_is_the_one_create_block_mask_evaluates(seed: int) -> None:
+    """FlexAttend builds its BlockMask from each 128-token block's first and last document (nothing to compile; the
+    compiled create_block_mask took minutes cold on an H200): the same partial and full blocks as torch's
+    create_block_mask, which evaluates the rule token pair by token pair, for packed rows of documents from one
+    token to many blocks long, rows that are a multiple of the block and rows that are not."""
+    from torch.nn.attention import flex_attention as fa
+
+    from eagle3.draft.model import FlexAttend
+
+    g = torch.Generator().manual_seed(seed)
+    n = (1000, 2048, 1280, 777, 4096, 130)[seed]
+    lengths: list[int] = []
+    while sum(lengths) < n:  # short documents, single tokens and ones spanning blocks
+        kind = int(torch.randint(0, 3, (1,), generator=g))
+        lengths.append(int(torch.randint(1, (2, 60, 700)[kind], (1,), generator=g)))
+    lengths[-1] -= sum(lengths) - n
+    lengths = [x for x in lengths if x > 0]
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(torch.int32)
+
+    def same_doc_causal(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return (doc[q_idx] == doc[kv_idx]) & (kv_idx <= q_idx)
+
+    want = fa.create_block_mask(same_doc_causal, None, None, n, n, device="cpu")
+    got = FlexAttend().block_mask(doc)
+    assert got.seq_lengths == want.seq_lengths and got.BLOCK_SIZE == want.BLOCK_SIZE
+    partial = _blocks_of(got.kv_num_blocks, got.kv_indices)
+    full = _blocks_of(got.full_kv_num_blocks, got.full_kv_indices)
+    assert torch.equal(partial, _blocks_of(want.kv_num_blocks, want.kv_indices))
+    assert torch.equal(full, _blocks_of(want.full_kv_num_blocks, want.full_kv_indices))
+    assert full.any() or n < 512  # the rows hold whole blocks of one document, so the full case is exercised
+    assert torch.equal(got.to_dense(), want.to_dense())
