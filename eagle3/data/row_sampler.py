@@ -60,6 +60,13 @@ class RowSampler(LogitsProcessor):
         self.seeds = torch.tensor([_signed(sampling[i][1]) for i in rows], dtype=torch.long, device=dev)
         self.step = 0  # generate calls once per new token: the row's position in its answer
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """The batch now holds only `rows` (ascending indices into it; eagle3.data.decode drops finished rows):
+        the sampled rows among them keep their seeds and temperatures, and the step count goes on."""
+        kept = torch.isin(self.rows, rows)
+        self.rows = torch.searchsorted(rows, self.rows[kept])
+        self.temps, self.seeds = self.temps[kept], self.seeds[kept]
+
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         step, self.step = self.step, self.step + 1
         if not len(self.rows):

@@ -316,18 +316,29 @@ def generate_batch(
     report = on_step if on_step is not None else (lambda n: None)
 
     if own_loop:
-
-        def pick(logits: Any) -> Any:  # what generate does with the step's float32 logits
-            for proc in processors:
-                logits = proc(None, logits)
-            return logits.argmax(-1)
-
         out = decode.decode(model, enc["input_ids"], enc["attention_mask"], scfg.max_new_tokens, stop_set, pad,
-                            pick, report, PROGRESS_EVERY_STEPS, PROGRESS_EVERY_S)  # fmt: skip
+                            _Pick(processors), report, PROGRESS_EVERY_STEPS, PROGRESS_EVERY_S)  # fmt: skip
         return [turn_of(chat, ids, stops) for ids in out.tolist()]
     return _generate_hf(
         model, chat, enc, scfg, stops, pad, processors, sampling is None, stop_set, report, static_cache
     )
+
+
+class _Pick:
+    """What generate does with a step's float32 logits (the row sampler, then the most likely token), for
+    eagle3.data.decode, which may drop finished rows from the batch (`keep`)."""
+
+    def __init__(self, processors: list[Any]):
+        self.processors = processors
+
+    def __call__(self, logits: Any) -> Any:
+        for proc in self.processors:
+            logits = proc(None, logits)
+        return logits.argmax(-1)
+
+    def keep(self, rows: Any) -> None:
+        for proc in self.processors:
+            proc.keep(rows)
 
 
 def _generate_hf(

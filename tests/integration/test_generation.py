@@ -65,6 +65,30 @@ def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_s
     assert [t.text for t in static] == [t.text for t in greedy]
 
 
+def test_rows_that_finished_leave_the_batch_and_the_others_keep_their_tokens_greedy_and_sampled(
+    target: tuple[object, ChatTokenizer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode loop drops finished rows from its batch (cache, mask, per-row sampler) once few are left; here at
+    every step where any row has finished (COMPACT_BELOW 1, a report every step), so that rows leave one by one:
+    every row's tokens are still generate's, greedy and per-row sampled."""
+    model, chat = target
+    prompts = first_prompts(chat, 16)
+    scfg = SynthesizeConfig(max_new_tokens=64, temperature=0.0, batch_size=16)
+    sampling = [(0.8 if i % 2 else 0.0, 2000 + i) for i in range(16)]
+    want = [generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=False) for rows in (None, sampling)]
+    compactions: list[int] = []
+    compact = decode._compact
+    monkeypatch.setattr(decode, "_compact", lambda cache, keep: (compactions.append(len(keep)), compact(cache, keep)))
+    monkeypatch.setattr(decode, "COMPACT_BELOW", 1.0)
+    monkeypatch.setattr(synthesize, "PROGRESS_EVERY_STEPS", 1)
+    for rows, w in zip((None, sampling), want, strict=True):
+        compactions.clear()
+        g = generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=True)
+        assert len(compactions) >= 4 and compactions == sorted(compactions, reverse=True)  # left at several steps
+        assert [(t.text, t.tokens) for t in g] == [(t.text, t.tokens) for t in w]
+    assert len({t.tokens for t in want[0]}) > 4  # answers of many lengths: rows did finish at different steps
+
+
 def test_progress_is_reported_every_few_steps_and_adds_up_to_the_generated_tokens(
     target: tuple[object, ChatTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
