@@ -143,9 +143,10 @@ def decode(
 def _compact(cache: Any, keep: Tensor) -> None:
     """Keep only the batch rows `keep` of every layer's static cache (the tensors are replaced, so a captured graph
     of the old batch is stale: the caller captures anew)."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, keep)
-        layer.values = layer.values.index_select(0, keep)
+    for layer in cache.layers:  # a model spread over GPUs keeps each layer's cache on that layer's device
+        at = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(0, at)
+        layer.values = layer.values.index_select(0, at)
 
 
 def _decode_steps(
