@@ -7,7 +7,8 @@ between: on an H200 a 135M target's batch of 1,024 decoded at 3% of what memory 
 a progress count and "all rows done?" every `report_every` steps; the attention mask is one [B, L] buffer updated
 in place; and on CUDA the decode step (the model's forward for one token per row) is captured once per batch as a
 CUDA graph and replayed, so a step costs one launch instead of a few hundred. No compiler: a batch of a new shape
-costs one more capture (milliseconds), not a compilation.
+costs one more capture (milliseconds), not a compilation. Rows that finished leave the batch once few rows are
+left generating (COMPACT_BELOW), so the longest answers do not carry the finished rows to the end.
 
 Same tokens as `generate` (tests/integration/test_generation.py): positions are the left-padded mask's cumulative
 sum, logits are taken in float32, and `pick` is what `generate` would do with them (argmax after the row
@@ -107,7 +108,7 @@ def decode(
 ) -> Tensor:
     """Generate up to max_new_tokens per row of the left-padded `input_ids` [B, P]; returns [B, T] (T <=
     max_new_tokens: the loop ends once every row has produced a stop token), `pad` after a row's stop. `pick`:
-    float32 logits [B, V] -> next tokens [B]. `report(n)`: the tokens generated since the last report, every
+    the step's next tokens (Picker). `report(n)`: the tokens generated since the last report, every
     `report_every` steps (or `report_every_s` seconds) and at the end. `cuda_graph`: replay the decode step as a
     CUDA graph (default: on CUDA)."""
     from transformers import StaticCache
