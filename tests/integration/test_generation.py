@@ -83,9 +83,11 @@ def test_rows_that_finished_leave_the_batch_and_the_others_keep_their_tokens_gre
     monkeypatch.setattr(synthesize, "PROGRESS_EVERY_STEPS", 1)
     for rows, w in zip((None, sampling), want, strict=True):
         compactions.clear()
-        g = generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=True)
+        reported: list[int] = []
+        g = generate_batch(model, chat, prompts, scfg, reported.append, sampling=rows, static_cache=True)
         assert len(compactions) >= 4 and compactions == sorted(compactions, reverse=True)  # left at several steps
         assert [(t.text, t.tokens) for t in g] == [(t.text, t.tokens) for t in w]
+        assert sum(reported) == sum(t.tokens for t in g)  # progress counts every generated token, none twice
     assert len({t.tokens for t in want[0]}) > 4  # answers of many lengths: rows did finish at different steps
 
 
