@@ -224,15 +224,14 @@ def document_blocks(doc: Tensor, block: int = FLEX_BLOCK) -> tuple[Tensor, Tenso
     to compile cold on an H200 (bench/compile_probe.py, docs/performance.md)."""
     n = len(doc)
     nb = -(-n // block)
-    padded = torch.full((nb * block,), torch.iinfo(torch.int32).max, dtype=doc.dtype, device=doc.device)
-    padded[:n] = doc  # past the row's end: a document of its own, seen by no real token
+    padded = torch.cat([doc, doc[-1:].expand(nb * block - n)])  # a cut-off last block ends in the row's last document
     first, last = padded.view(nb, block)[:, 0], padded.view(nb, block)[:, -1]
-    last = torch.where(torch.arange(nb, device=doc.device) * block + block > n, padded[n - 1], last)
-    i, j = torch.arange(nb, device=doc.device)[:, None], torch.arange(nb, device=doc.device)[None, :]
+    i = torch.arange(nb, device=doc.device)[:, None]
+    j = i.T
     some = (j <= i) & (last[None, :] >= first[:, None])  # key block j reaches into query block i's documents
     one = first == last  # the block lies in one document
     full = (j < i) & one[:, None] & one[None, :] & (first[:, None] == first[None, :])
-    full &= torch.arange(nb, device=doc.device)[:, None] * block + block <= n  # a cut-off last block is partial
+    full &= i * block + block <= n  # a cut-off last block is partial: its tail is past the row's end
     return some & ~full, full
 
 
