@@ -24,7 +24,8 @@ token per row, the g query heads of a group attend as g query positions of their
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 import torch
@@ -78,10 +79,17 @@ def _grouped_attention(
     return out.reshape(b, nh, 1, hd).transpose(1, 2).contiguous(), None
 
 
-def _register_attention() -> None:
+@contextmanager
+def _grouped_attention_in(model: Any) -> Iterator[None]:
+    """`model` attends through _grouped_attention inside the block, through its own implementation again after."""
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, _grouped_attention)
+    own, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = own
 
 
 def _step_fn(model: Any, cache: Any, tok: Tensor, pos: Tensor, mask: Tensor) -> Callable[[], Tensor]:
@@ -90,6 +98,15 @@ def _step_fn(model: Any, cache: Any, tok: Tensor, pos: Tensor, mask: Tensor) -> 
         return out.logits[:, -1]
 
     return step
+
+
+def _compact(cache: Any, keep: Tensor) -> None:
+    """Keep only the batch rows `keep` of every layer's static cache (the tensors are replaced, so a captured graph
+    of the old batch is stale: the caller captures anew)."""
+    for layer in cache.layers:  # a model spread over GPUs keeps each layer's cache on that layer's device
+        at = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(0, at)
+        layer.values = layer.values.index_select(0, at)
 
 
 @torch.inference_mode()
@@ -110,7 +127,9 @@ def decode(
     max_new_tokens: the loop ends once every row has produced a stop token), `pad` after a row's stop. `pick`:
     the step's next tokens (Picker). `report(n)`: the tokens generated since the last report, every
     `report_every` steps (or `report_every_s` seconds) and at the end. `cuda_graph`: replay the decode step as a
-    CUDA graph (default: on CUDA)."""
+    CUDA graph (default: on CUDA). When at most COMPACT_BELOW of the batch's rows are still generating (checked at a
+    report, where the host reads anyway), the finished rows leave the batch: its cache, mask and inputs shrink and
+    the step is captured anew, so the last long answers do not pay for the rows that ended long ago."""
     from transformers import StaticCache
 
     b, p = input_ids.shape
@@ -132,45 +151,6 @@ def decode(
                    past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # fmt: skip
     del prefill_mask
 
-    _register_attention()
-    sdpa, model.config._attn_implementation = model.config._attn_implementation, ATTENTION
-    try:
-        return _decode_steps(model, cache, logits, keys, pos, p, max_new_tokens, stops, pad, pick, report,
-                             report_every, report_every_s, cuda_graph)  # fmt: skip
-    finally:
-        model.config._attn_implementation = sdpa
-
-
-def _compact(cache: Any, keep: Tensor) -> None:
-    """Keep only the batch rows `keep` of every layer's static cache (the tensors are replaced, so a captured graph
-    of the old batch is stale: the caller captures anew)."""
-    for layer in cache.layers:  # a model spread over GPUs keeps each layer's cache on that layer's device
-        at = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(0, at)
-        layer.values = layer.values.index_select(0, at)
-
-
-def _decode_steps(
-    model: Any,
-    cache: Any,
-    logits: Tensor,
-    keys: Tensor,
-    pos: Tensor,
-    p: int,
-    max_new_tokens: int,
-    stops: Tensor,
-    pad: int,
-    pick: Picker,
-    report: Callable[[int], None],
-    report_every: int,
-    report_every_s: float,
-    cuda_graph: bool,
-) -> Tensor:
-    """decode's loop after the prefill (its arguments are decode's and its state: the cache, the first logits).
-    When at most COMPACT_BELOW of the batch's rows are still generating (checked at a report, where the host reads
-    anyway), the finished rows leave the batch: its cache, mask and inputs shrink and the step is captured anew, so
-    the last long answers do not pay for the rows that ended long ago."""
-    b, dev = keys.shape[0], keys.device
     rows = torch.arange(b, device=dev)  # the original row of each row of the batch as it is now
     tok = torch.empty(b, 1, dtype=torch.long, device=dev)  # the step's inputs, updated in place
     step_pos = pos[:, -1:] + 1
@@ -184,49 +164,50 @@ def _decode_steps(
     warm = False  # an eager step of this batch's shapes has run: the next one may be captured
     graph_logits = logits
     step = _step_fn(model, cache, tok, step_pos, keys[:, None, None, :])  # the mask: a view of `keys`
-    for t in range(max_new_tokens):
-        nxt = torch.where(done, pad, pick(logits.float()))
-        out[rows, t] = nxt
-        counted += (~done).sum()
-        done |= torch.isin(nxt, stops)
-        if t + 1 == max_new_tokens:
-            break
-        if (t + 1) % report_every == 0 or time.monotonic() - last >= report_every_s:
-            report(int(counted))  # the host reads: every report_every steps
-            counted.zero_()
-            last = time.monotonic()
-            alive = int((~done).sum())
-            if not alive:
-                steps = t + 1
+    with _grouped_attention_in(model):
+        for t in range(max_new_tokens):
+            nxt = torch.where(done, pad, pick(logits.float()))
+            out[rows, t] = nxt
+            counted += (~done).sum()
+            done |= torch.isin(nxt, stops)
+            if t + 1 == max_new_tokens:
                 break
-            if alive < len(rows) and alive <= COMPACT_BELOW * len(rows):
-                keep = (~done).nonzero().squeeze(1)
-                _compact(cache, keep)
-                pick.keep(keep)
-                rows, keys, step_pos, nxt, done = rows[keep], keys[keep], step_pos[keep], nxt[keep], done[keep]
-                tok = torch.empty(len(rows), 1, dtype=torch.long, device=dev)
-                step = _step_fn(model, cache, tok, step_pos, keys[:, None, None, :])
-                graph, warm = None, False
-        tok.copy_(nxt[:, None])
-        keys[:, p + t] = True
-        if t:
-            step_pos += 1
-        if graph is not None:
-            graph.replay()
-            logits = graph_logits
-        elif side is not None and warm:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                graph_logits = step()
-            graph.replay()
-            logits = graph_logits
-        elif side is not None:  # as torch.cuda.graphs advises: warm up on a side stream, not the capture's
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
+            if (t + 1) % report_every == 0 or time.monotonic() - last >= report_every_s:
+                report(int(counted))  # the host reads: every report_every steps
+                counted.zero_()
+                last = time.monotonic()
+                alive = int((~done).sum())
+                if not alive:
+                    steps = t + 1
+                    break
+                if alive < len(rows) and alive <= COMPACT_BELOW * len(rows):
+                    keep = (~done).nonzero().squeeze(1)
+                    _compact(cache, keep)
+                    pick.keep(keep)
+                    rows, keys, step_pos, nxt, done = rows[keep], keys[keep], step_pos[keep], nxt[keep], done[keep]
+                    tok = torch.empty(len(rows), 1, dtype=torch.long, device=dev)
+                    step = _step_fn(model, cache, tok, step_pos, keys[:, None, None, :])
+                    graph, warm = None, False
+            tok.copy_(nxt[:, None])
+            keys[:, p + t] = True
+            if t:
+                step_pos += 1
+            if graph is not None:
+                graph.replay()
+                logits = graph_logits
+            elif side is not None and warm:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    graph_logits = step()
+                graph.replay()
+                logits = graph_logits
+            elif side is not None:  # as torch.cuda.graphs advises: warm up on a side stream, not the capture's
+                side.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(side):
+                    logits = step()
+                torch.cuda.current_stream(dev).wait_stream(side)
+                warm = True
+            else:
                 logits = step()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            warm = True
-        else:
-            logits = step()
     report(int(counted))
     return out[:, :steps]
