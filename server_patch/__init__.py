@@ -2,7 +2,8 @@
 
 SGLang calls `load_plugin()` early in every process it spawns (scheduler = TP worker, detokenizer,
 main). The plugin is inert unless EAGLE3_DUMP_DIR names a dump directory (or EAGLE3_CPU_SPEC=1
-asks for the CPU speculative fallback), so installing it never changes a plain server. With either
+asks for the CPU speculative fallback, or EAGLE3_CPU_FORK=1 for forked children on CPU), so installing it never
+changes a plain server. With either
 set, it requires SGLang 0.5.23 (the capture-only mode and the internals hook.py and cpu_spec.py rely
 on) and otherwise refuses to load, saying which versions work.
 
@@ -14,6 +15,8 @@ Environment (names in eagle3/store/dump_protocol.py):
   EAGLE3_WRITER_QUEUE  finished requests waiting for the writer thread (default 8)
   EAGLE3_CPU_SPEC      "1": on a CPU server, install cpu_spec.py, the fallback that lets SGLang serve EAGLE3
                        chain drafting on CPU (the live evaluation sets it; independent of EAGLE3_DUMP_DIR)
+  EAGLE3_CPU_FORK      "1": on a CPU server, fork SGLang's scheduler and detokenizer instead of spawning them
+                       (cpu_fork.py; every launch on CPU sets it: a start costs half the CPU)
 
 Install: deploy/sglang_env.sh (pip-installs deploy/server_patch_pkg with this package).
 """
@@ -26,7 +29,7 @@ import socket
 import time
 from pathlib import Path
 
-from eagle3.store.dump_protocol import ENV_CPU_SPEC, SUPPORTED_SGLANG
+from eagle3.store.dump_protocol import ENV_CPU_FORK, ENV_CPU_SPEC, SUPPORTED_SGLANG
 
 __all__ = ["SUPPORTED_SGLANG", "UnsupportedSGLang", "load_plugin"]
 log = logging.getLogger("eagle3.server_patch")
@@ -38,6 +41,11 @@ class UnsupportedSGLang(RuntimeError):
 
 def load_plugin() -> None:
     from eagle3.store import dump_protocol as proto
+
+    if os.environ.get(ENV_CPU_FORK) == "1":
+        from server_patch import cpu_fork
+
+        cpu_fork.install()
 
     # Opt-in, independent of the hook below: EAGLE3_CPU_SPEC=1 installs the CPU fallback that lets SGLang
     # serve EAGLE3 chain drafting with --device cpu (server_patch/cpu_spec.py). Without the switch it is

@@ -135,6 +135,7 @@ def build_env(
     if device == "cpu":
         stub = venv_dir(server.python) / "stub"
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+        env[proto.ENV_CPU_FORK] = "1"  # no CUDA context to protect: children forked, not spawned (cpu_fork.py)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(stub), env.get("LD_LIBRARY_PATH", "")) if p)
     return env
 

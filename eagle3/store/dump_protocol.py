@@ -40,6 +40,7 @@ ENV_RID_PREFIX = "EAGLE3_RID_PREFIX"  # capture only requests whose rid starts w
 ENV_AUX_LAYERS = "EAGLE3_AUX_LAYERS"  # HF indices "2,15,27": the hook checks SGLang captures exactly these
 ENV_WRITER_QUEUE = "EAGLE3_WRITER_QUEUE"  # finished requests waiting for the writer thread (default 8)
 ENV_CPU_SPEC = "EAGLE3_CPU_SPEC"  # "1": on a CPU server, install the EAGLE3 fallback (server_patch/cpu_spec.py)
+ENV_CPU_FORK = "EAGLE3_CPU_FORK"  # "1": on a CPU server, fork SGLang's children instead of spawning them
 ENV_PREFIX = "EAGLE3_"  # every variable above: a server launched without capture gets none of them
 
 RID_PREFIX = "e3-"

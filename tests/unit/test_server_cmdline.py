@@ -47,7 +47,7 @@ def test_cpu_adds_the_cpu_engine_and_the_stub_libcuda() -> None:
     argv = build_command(cfg, Path("m"), LAYERS, port=1, device="cpu")
     assert flag(argv, "--device") == "cpu" and "--sleep-on-idle" in argv
     env = build_env(cfg, {"LD_LIBRARY_PATH": "/opt/lib", "PATH": "/bin"}, device="cpu", dump_dir=None, aux_layers=None)
-    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env[proto.ENV_CPU_FORK] == "1"  # children forked on CPU only
     stub, rest = env["LD_LIBRARY_PATH"].split(":")
     assert stub.endswith(".venv-sglang/stub") and Path(stub).is_absolute() and rest == "/opt/lib"
 
