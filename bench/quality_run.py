@@ -52,7 +52,8 @@ from eagle3.model_files import resolve_model
 from eagle3.progress import Progress
 from eagle3.store.paths import RunPaths, TrainPaths
 from eagle3.store.run_store import RunStore
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.job import TrainJob
+from eagle3.train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ["prompts", "prepare", "synthesize", "extract", "convert", "train", "evaluate"]

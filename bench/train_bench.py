@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from eagle3.config import TrainConfig
 from eagle3.draft.synthetic import SyntheticSpec, write_run
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.job import TrainJob
+from eagle3.train.trainer import Trainer
 
 PEAK_BF16 = 989e12
 LLAMA_8B = {

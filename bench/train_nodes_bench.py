@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 from eagle3.config import PipelineConfig  # noqa: E402
 from eagle3.draft.synthetic import SyntheticSpec, write_run  # noqa: E402
 from eagle3.store.paths import TrainPaths  # noqa: E402
+from eagle3.train.job import TrainJob, write_job  # noqa: E402
 from eagle3.train.launch import NodeLaunch, TrainProcess, read_metrics, torchrun_command, train_env  # noqa: E402
 from eagle3.train.rendezvous import free_port, rdzv_id  # noqa: E402
-from eagle3.train.trainer import TrainJob, write_job  # noqa: E402
 
 QUEUES = ("node-a", "node-b")
 SPEC = SyntheticSpec(lengths=tuple([24, 40, 33, 17, 48, 29, 36, 21] * 4))

@@ -28,6 +28,7 @@ from eagle3.progress import Progress
 from eagle3.release.promote import current_link, pointed
 from eagle3.release.retrain import TrainPlan, archive_training, plan_training
 from eagle3.store.paths import RunPaths, TrainPaths
+from eagle3.train.job import TrainJob, read_job, write_job
 from eagle3.train.launch import (
     MetricsTail,
     TrainProcess,
@@ -38,7 +39,6 @@ from eagle3.train.launch import (
 )
 from eagle3.train.plot import ttt_table, write_curves
 from eagle3.train.rendezvous import node_launch
-from eagle3.train.trainer import TrainJob, read_job, write_job
 from tasks.artifacts import markdown_artifact, run_key, table_artifact
 from tasks.progress import TaskProgress
 

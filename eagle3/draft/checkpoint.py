@@ -31,18 +31,28 @@ each. So a checkpoint moves freely between ddp and fsdp and between world sizes,
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from safetensors.torch import load_file, save
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.store.paths import TrainPaths
 
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
+
 CKPT_FORMAT = "eagle3-train-checkpoint/1"
+
+
+def _is_dtensor(t: object) -> TypeGuard[DTensor]:
+    """A DTensor exists only once torch.distributed.tensor is imported (FSDP2 imports it). Not importing it here
+    saves every process that reads a checkpoint path (each flow run's, through tasks) about a second of imports."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file
 STATE = "state.json"
 LATEST = "latest.json"
@@ -85,7 +95,7 @@ def read_latest(root: Path) -> tuple[int, Path] | None:
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:
     """The whole tensor, on the CPU; a DTensor (an FSDP2 shard) is all-gathered first: a collective."""
-    if isinstance(t, DTensor):
+    if _is_dtensor(t):
         t = t.full_tensor()
     return t.detach().to("cpu", copy=True).contiguous()
 
@@ -93,7 +103,9 @@ def _cpu(t: torch.Tensor) -> torch.Tensor:
 def _like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """`full` laid out as `ref`: this rank's shard of it when `ref` is a DTensor (each rank read the whole tensor
     from the file, so slicing is local, no communication), else `full` itself."""
-    if isinstance(ref, DTensor):
+    if _is_dtensor(ref):
+        from torch.distributed.tensor import distribute_tensor
+
         return distribute_tensor(full.to(ref.device, ref.dtype), ref.device_mesh, ref.placements, src_data_rank=None)
     return full
 
@@ -119,7 +131,7 @@ def gather_tensors(model: Any, optimizer: torch.optim.Optimizer, *, keep: bool =
     def put(into: dict[str, torch.Tensor], key: str, t: torch.Tensor) -> None:
         if keep:
             into[key] = _cpu(t)
-        elif isinstance(t, DTensor):
+        elif _is_dtensor(t):
             t.full_tensor()  # this rank's part in the all-gather; the writing rank keeps the result
 
     for k, v in model.trainable_state_dict().items():
@@ -130,7 +142,7 @@ def gather_tensors(model: Any, optimizer: torch.optim.Optimizer, *, keep: bool =
             put(out.moments, f"{name}.exp_avg", st["exp_avg"])
             put(out.moments, f"{name}.exp_avg_sq", st["exp_avg_sq"])
             step = st["step"]
-            out.steps[name] = float(step.full_tensor() if isinstance(step, DTensor) else step)
+            out.steps[name] = float(step.full_tensor() if _is_dtensor(step) else step)
     return out
 
 

@@ -20,8 +20,8 @@ from eagle3.draft.checkpoint import latest_checkpoint
 from eagle3.store.fsio import fsync_dir
 from eagle3.store.paths import RunPaths
 from eagle3.store.run_store import RunStore
+from eagle3.train.job import read_job
 from eagle3.train.launch import finished_checkpoint
-from eagle3.train.trainer import read_job
 
 Action = Literal["train", "resume", "done", "wait"]
 

@@ -25,11 +25,10 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
-from pydantic import BaseModel, ConfigDict
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
@@ -50,31 +49,10 @@ from eagle3.draft.loss import TTTLoss, target_distribution, ttt_loss
 from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
 from eagle3.draft.warm_start import WarmStart, warm_start
 from eagle3.progress import Progress, ProgressFn, no_progress
-from eagle3.store.fsio import atomic_write_json, read_json
+from eagle3.store.fsio import read_json
 from eagle3.store.paths import RunPaths, TrainPaths
 from eagle3.store.run_store import RunInfo, RunStore
-
-
-class TrainJob(BaseModel):
-    """Everything a training process needs; the Prefect task writes it to a file for the torchrun worker."""
-
-    model_config = ConfigDict(extra="forbid")
-    train: TrainConfig
-    run_dir: str  # the store: run.json, index.arrow, vocab_map.safetensors, shards/
-    model_dir: str  # the target model (config.json + safetensors): embedding, lm_head, RoPE
-    out_dir: str  # metrics, TensorBoard, checkpoints
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    init_from: str | None = None  # an export directory to warm-start from (train.init=previous)
-    data_key: str | None = None  # run.json's dataset_fingerprint when this training started (eagle3/release/retrain.py)
-    data_tokens: int | None = None  # tokens extracted in the store when this training started
-
-
-def write_job(path: Path, job: TrainJob) -> None:
-    atomic_write_json(Path(path), job.model_dump(mode="json"))
-
-
-def read_job(path: Path) -> TrainJob:
-    return TrainJob.model_validate(read_json(Path(path)))
+from eagle3.train.job import TrainJob
 
 
 class TrainError(RuntimeError):

@@ -36,7 +36,8 @@ from eagle3.serving.layers import sglang_layer_ids
 from eagle3.store.run_store import PreparedSample, RunStore
 from eagle3.store.verify import verify_run
 from eagle3.tiny_models import ARCHITECTURES, tiny_config
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.job import TrainJob
+from eagle3.train.trainer import Trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -43,7 +43,8 @@ from eagle3.serving.server import ServerError
 from eagle3.store import dump_protocol as proto
 from eagle3.store.run_store import RunStore
 from eagle3.store.verify import verify_run
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.job import TrainJob
+from eagle3.train.trainer import Trainer
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env, start_server, token_errors
 from tests.integration.test_architectures import QUESTIONS, pipeline_config
 from tests.ports import free_port

@@ -19,8 +19,9 @@ from eagle3.extract.shard import RunMismatchError, extract_shard, open_run
 from eagle3.store.run_store import RunStore
 from eagle3.store.sample_format import FP8, read_sample
 from eagle3.store.verify import verify_run
+from eagle3.train.job import TrainJob
 from eagle3.train.launch import read_metrics
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.trainer import Trainer
 from tests.integration.sglang_support import token_errors
 from tests.integration.test_extract import TEXTS, write_prepared
 

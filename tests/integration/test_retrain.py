@@ -22,7 +22,8 @@ from eagle3.model_files import sha256_file
 from eagle3.release.export import export_draft
 from eagle3.release.promote import EvalRecord, EvalSet, current_link, pointed, promote
 from eagle3.store.run_store import RunStore
-from eagle3.train.trainer import Trainer, TrainJob
+from eagle3.train.job import TrainJob
+from eagle3.train.trainer import Trainer
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 

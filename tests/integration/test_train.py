@@ -17,8 +17,9 @@ from eagle3.draft.data import plan_epoch
 from eagle3.draft.loss import target_distribution, ttt_loss
 from eagle3.draft.synthetic import SyntheticSpec, write_run
 from eagle3.store.sample_format import encode_sample, read_sample, write_sample
+from eagle3.train.job import TrainJob, write_job
 from eagle3.train.launch import read_metrics
-from eagle3.train.trainer import NonFiniteLossError, Trainer, TrainJob, write_job
+from eagle3.train.trainer import NonFiniteLossError, Trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

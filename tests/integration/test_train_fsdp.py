@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from eagle3.draft.checkpoint import WEIGHTS
 from eagle3.draft.synthetic import write_run
-from eagle3.train.trainer import write_job
+from eagle3.train.job import write_job
 from tests.integration.test_train import REPO, SPEC, job, metrics
 from tests.ports import free_port
 

@@ -19,8 +19,9 @@ from eagle3.draft.synthetic import write_run
 from eagle3.release.export import export_draft
 from eagle3.release.promote import export_dir_for
 from eagle3.store.paths import RunPaths
+from eagle3.train.job import TrainJob, write_job
 from eagle3.train.launch import read_heldout_metrics, read_metrics
-from eagle3.train.trainer import Trainer, TrainError, TrainJob, write_job
+from eagle3.train.trainer import Trainer, TrainError
 from tests.integration import test_train
 from tests.integration.test_train import REPO, SPEC
 from tests.ports import free_port

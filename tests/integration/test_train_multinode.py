@@ -17,9 +17,9 @@ from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint
 from eagle3.draft.synthetic import SyntheticSpec, write_run
 from eagle3.store.paths import TrainPaths
+from eagle3.train.job import TrainJob, write_job
 from eagle3.train.launch import NodeLaunch, TrainProcess, read_metrics, torchrun_command, train_env
 from eagle3.train.rendezvous import free_port, rdzv_id
-from eagle3.train.trainer import TrainJob, write_job
 
 pytestmark = pytest.mark.slow
 

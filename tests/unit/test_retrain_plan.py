@@ -10,7 +10,7 @@ from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import FILES
 from eagle3.release.retrain import archive_training, plan_training
 from eagle3.store.run_store import RunStore, SampleEntry, ShardManifest
-from eagle3.train.trainer import TrainJob, write_job
+from eagle3.train.job import TrainJob, write_job
 from tests.unit.tiny_store import make_store
 
 CFG = TrainConfig(max_steps=4)
