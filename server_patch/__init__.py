@@ -3,9 +3,9 @@
 SGLang calls `load_plugin()` early in every process it spawns (scheduler = TP worker, detokenizer,
 main). The plugin is inert unless EAGLE3_DUMP_DIR names a dump directory (or EAGLE3_CPU_SPEC=1
 asks for the CPU speculative fallback, or EAGLE3_CPU_FORK=1 for forked children on CPU), so installing it never
-changes a plain server. With either
-set, it requires SGLang 0.5.23 (the capture-only mode and the internals hook.py and cpu_spec.py rely
-on) and otherwise refuses to load, saying which versions work.
+changes a plain server. The hook and the CPU fallback require SGLang 0.5.23 (the capture-only mode and the
+internals hook.py and cpu_spec.py rely on) and otherwise refuse to load, saying which versions work; the fork
+switch needs no check (on a release without its target, SGLang logs the hook it could not apply and spawns).
 
 Environment (names in eagle3/store/dump_protocol.py):
   EAGLE3_DUMP_DIR      where per-request dumps go (the hook's only switch)

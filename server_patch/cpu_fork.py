@@ -1,11 +1,11 @@
 """On a CPU server, SGLang's scheduler and detokenizer are forked from the launcher instead of spawned.
 
-SGLang starts its children with the `spawn` method (engine._set_envs_and_config), which a CUDA context needs:
-each child starts a fresh interpreter and imports SGLang again. Without a GPU there is no context to protect,
-and the re-import is most of a start: on 2 cores, a SmolLM2 server took 32 s of CPU and 24 s to /health with
-spawn, 15 s and 15 s forked (docs/testing.md). With EAGLE3_CPU_FORK=1 (set by eagle3.serving.server.build_env on
-CPU only) an AFTER hook on `_set_envs_and_config` switches the start method to `fork` when the server's device is
-CPU; on any other device it leaves SGLang's choice alone.
+SGLang starts its children with the `spawn` method (engine._set_envs_and_config), which a CUDA context needs: each
+child starts a fresh interpreter and imports SGLang again. Without a GPU there is no context to protect, and the
+re-import is most of a start: on 2 cores, a SmolLM2 server took 25.1 s to /health and 30.2 s of CPU spawned, 15.6 s
+and 13.6 s forked (bench/sglang_start_bench.py, docs/performance.md). With EAGLE3_CPU_FORK=1 (set by
+eagle3.serving.server.build_env on CPU only) an AFTER hook on `_set_envs_and_config` switches the start method to
+`fork` when the server's device is CPU; on any other device it leaves SGLang's choice alone.
 
 What a forked child inherits that a spawned one would rebuild: the plugins SGLang already loaded in the launcher
 (the hooks are applied there, so `load_plugins()` in the child is a no-op and the hook state is the launcher's,

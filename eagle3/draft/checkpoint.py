@@ -46,13 +46,6 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
 CKPT_FORMAT = "eagle3-train-checkpoint/1"
-
-
-def _is_dtensor(t: object) -> TypeGuard[DTensor]:
-    """A DTensor exists only once torch.distributed.tensor is imported (FSDP2 imports it). Not importing it here
-    saves every process that reads a checkpoint path (each flow run's, through tasks) about a second of imports."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return module is not None and isinstance(t, module.DTensor)
 WEIGHTS = "model.safetensors"  # the draft's trainable weights; export and evaluation read only this file
 STATE = "state.json"
 LATEST = "latest.json"
@@ -91,6 +84,13 @@ def _read_pointer(root: Path, name: str) -> tuple[int, Path] | None:
 def read_latest(root: Path) -> tuple[int, Path] | None:
     """(step, directory) that `root`/latest.json names, None without one."""
     return _read_pointer(root, LATEST)
+
+
+def _is_dtensor(t: object) -> TypeGuard[DTensor]:
+    """A DTensor exists only once torch.distributed.tensor is imported (FSDP2 imports it). Not importing it here
+    saves every process that reads a checkpoint path (each flow run's, through tasks) about a second of imports."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def _cpu(t: torch.Tensor) -> torch.Tensor:

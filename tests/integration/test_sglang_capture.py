@@ -91,6 +91,17 @@ def test_the_hook_reports_the_layers_it_captures_from_its_worker(env: dict[str, 
     assert "capturing HF hidden_states [2, 15, 27]" in env["server"].log_tail(400)
 
 
+def test_on_cpu_the_scheduler_is_forked_from_the_launcher_and_its_hook_captures(env: dict[str, Any]) -> None:
+    """server_patch/cpu_fork.py: a spawned scheduler would load the plugin again and report it from its own pid; a
+    forked one inherits the launcher's, so the only `loaded` report is the launcher's and the capturing worker is
+    another process."""
+    statuses = proto.read_statuses(env["dump_dir"])
+    loaded = [s["pid"] for s in statuses if s["status"] == "loaded"]
+    (worker,) = [s["pid"] for s in statuses if s["status"] == "worker"]
+    assert len(loaded) == 1 and worker != loaded[0]
+    assert "eagle3 cpu_fork: SGLang's scheduler and detokenizer are forked" in env["server"].log_path.read_text()
+
+
 def test_dumps_match_the_hf_forward_per_token_and_not_the_neighbouring_layers(
     env: dict[str, Any], samples: list[PreparedSample], hf_states: dict[str, tuple[torch.Tensor, ...]]
 ) -> None:
