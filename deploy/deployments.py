@@ -26,7 +26,7 @@ import inspect
 import shutil
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +288,12 @@ def schedule_of(s: dict[str, Any], fn: Any, where: str, active: bool | None) -> 
     if "cron" in s:
         return Cron(s["cron"], **kwargs)
     if "interval" in s:
-        return Interval(timedelta(seconds=float(s["interval"])), **kwargs)
+        # anchor_date (ISO 8601): when the ticks start (Prefect's default: the moment the schedule is created).
+        try:
+            anchor = datetime.fromisoformat(str(s["anchor_date"])) if s.get("anchor_date") else None
+        except ValueError as e:
+            raise SpecError(f"{where}: anchor_date must be an ISO 8601 date-time, e.g. 2026-12-04T02:00:00Z ({e})") from e
+        return Interval(timedelta(seconds=float(s["interval"])), anchor_date=anchor, **kwargs)
     raise SpecError(f"{where}: a schedule needs `cron` or `interval` (got {sorted(s)})")
 
 

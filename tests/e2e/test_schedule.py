@@ -3,7 +3,8 @@ looking every 2 s, the pool, a process worker), plus a pipeline deployment with 
 folder of traffic, with synthesize in its stages (the target answers the prompts). Between two scheduled runs new
 rows land in the folder: the first run that starts after them answers and takes in exactly the new samples (each
 generated once, extracted once, in a new shard) and leaves every old file as it was (same bytes, same mtimes).
-run_dir is a template ({model_sha}), filled in by each run."""
+run_dir is a template ({model_sha}), filled in by each run. The schedule's anchor_date puts its first tick
+seconds after the deployment is applied."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import importlib.util
 import os
 import subprocess
 import time
+from datetime import datetime, timedelta, timezone
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -141,13 +143,15 @@ def test_a_scheduled_run_after_new_rows_landed_extracts_exactly_them_and_leaves_
         "extract": {"shard_retries": 0},
     }
     d = deployments_module()
+    first_tick = datetime.now(timezone.utc) + timedelta(seconds=15)
     spec = {
         "name": "scheduled-intake-test",
         "entrypoint": "flows/pipeline.py:pipeline",
         "work_pool": {"name": "eagle3-gpu"},
         "parameters": {"config": config},
         "concurrency_limit": {"limit": 1, "collision_strategy": "ENQUEUE"},
-        "schedules": [{"interval": INTERVAL_S, "slug": "every-90-s"}],
+        # The first tick a few seconds from now, not one interval after the schedule is created (Prefect's default).
+        "schedules": [{"interval": INTERVAL_S, "slug": "every-90-s", "anchor_date": first_tick.isoformat()}],
     }
     with get_client(sync_client=True) as client:
         _, deployment_id = d.apply_deployment(client, spec, REPO)

@@ -1,0 +1,37 @@
+"""deploy/prefect.yaml's schedules become Prefect schedules: an interval's anchor_date sets when its ticks start."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def deployments_module() -> Any:
+    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_an_interval_schedule_starts_its_ticks_at_its_anchor_date() -> None:
+    d = deployments_module()
+    s = d.schedule_of({"interval": 90, "anchor_date": "2026-12-04T02:00:00+00:00", "slug": "s"}, None, "here", None)
+    assert s.interval == timedelta(seconds=90)
+    assert s.anchor_date == datetime(2026, 12, 4, 2, tzinfo=timezone.utc)
+    plain = d.schedule_of({"interval": 90}, None, "here", None)
+    assert plain.anchor_date != s.anchor_date  # Prefect's own default, not ours
+
+
+def test_an_anchor_date_that_is_not_a_date_is_refused_naming_the_schedule() -> None:
+    d = deployments_module()
+    with pytest.raises(d.SpecError, match=r"deploy/prefect.yaml: pipeline.*anchor_date must be an ISO 8601"):
+        d.schedule_of({"interval": 90, "anchor_date": "tomorrow"}, None, "deploy/prefect.yaml: pipeline", None)
