@@ -292,7 +292,7 @@ def schedule_of(s: dict[str, Any], fn: Any, where: str, active: bool | None) -> 
         try:
             anchor = datetime.fromisoformat(str(s["anchor_date"])) if s.get("anchor_date") else None
         except ValueError as e:
-            raise SpecError(f"{where}: anchor_date must be an ISO 8601 date-time, e.g. 2026-12-04T02:00:00Z ({e})") from e
+            raise SpecError(f"{where}: anchor_date must be an ISO 8601 date-time, e.g. 2026-12-04T02:00:00Z") from e
         return Interval(timedelta(seconds=float(s["interval"])), anchor_date=anchor, **kwargs)
     raise SpecError(f"{where}: a schedule needs `cron` or `interval` (got {sorted(s)})")
 

@@ -12,8 +12,8 @@ import importlib.util
 import os
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,7 @@ def test_a_scheduled_run_after_new_rows_landed_extracts_exactly_them_and_leaves_
         "extract": {"shard_retries": 0},
     }
     d = deployments_module()
-    first_tick = datetime.now(timezone.utc) + timedelta(seconds=15)
+    first_tick = datetime.now(UTC) + timedelta(seconds=15)
     spec = {
         "name": "scheduled-intake-test",
         "entrypoint": "flows/pipeline.py:pipeline",

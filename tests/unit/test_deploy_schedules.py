@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ def test_an_interval_schedule_starts_its_ticks_at_its_anchor_date() -> None:
     d = deployments_module()
     s = d.schedule_of({"interval": 90, "anchor_date": "2026-12-04T02:00:00+00:00", "slug": "s"}, None, "here", None)
     assert s.interval == timedelta(seconds=90)
-    assert s.anchor_date == datetime(2026, 12, 4, 2, tzinfo=timezone.utc)
+    assert s.anchor_date == datetime(2026, 12, 4, 2, tzinfo=UTC)
     plain = d.schedule_of({"interval": 90}, None, "here", None)
     assert plain.anchor_date != s.anchor_date  # Prefect's own default, not ours
 
