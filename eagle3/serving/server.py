@@ -146,8 +146,13 @@ def shell_line(argv: list[str], env: Mapping[str, str], base_env: Mapping[str, s
     return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(changed.items())), *map(shlex.quote, argv)])
 
 
+#: uvicorn's log line when SGLang's HTTP server cannot listen on its port.
+BIND_FAILED = "error while attempting to bind on address"
+
+
 class SGLangServer:
     port_free_wait_s = PORT_FREE_WAIT_S
+    _launch_offset = 0  # where this launch's lines start in the (appended) log
 
     def __init__(
         self,
@@ -213,7 +218,7 @@ class SGLangServer:
         cwd = self.log_dir / "cwd"  # empty: `import server_patch` must find the installed plugin
         cwd.mkdir(exist_ok=True)
         with open(self.log_path, "ab") as log:
-            offset = log.tell()
+            offset = self._launch_offset = log.tell()
             log.write(
                 f"\n==== eagle3: launching SGLang {time.ctime()}\n{shell_line(argv, env, self.base_env)}\n".encode()
             )
@@ -357,11 +362,32 @@ class SGLangServer:
                     f"SGLang exited with code {self._proc.returncode} while starting; log {self.log_path}:\n"
                     f"{self.log_tail()}"
                 )
+            if not self.attached and BIND_FAILED in self._launch_log():
+                self._port_lost()
             if self.healthy(timeout_s=5.0):
                 return
             time.sleep(1.0)
         where = f"log {self.log_path}:\n{self.log_tail()}" if not self.attached else f"url {self.url}"
         raise ServerError(f"SGLang did not answer /health within {timeout_s:.0f}s (server.startup_timeout_s); {where}")
+
+    def _launch_log(self) -> str:
+        """What this launch wrote to the log so far (its last 64 KiB): not an earlier launch's lines."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self._launch_offset, f.seek(0, 2) - 64 * 1024))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _port_lost(self) -> None:
+        """SGLang's HTTP server could not listen: a process took the port between _check_port and the bind.
+        SGLang itself would only notice 120 s later (its warm-up gives up, then it SIGKILLs itself, exit 137)."""
+        holders = procs.port_holders(self.port) or [(None, "a process that has let it go since")]
+        setting = "server.port (server.servers[].port for one of several servers)"
+        raise ServerError(
+            "SGLang could not bind its port: it was free when this run checked it, then taken before SGLang "
+            f"listened. {port_taken_message(self.port, self.cfg.host, holders, setting=setting)} Log {self.log_path}."
+        )
 
     def _server_info(self) -> dict[str, Any]:
         try:

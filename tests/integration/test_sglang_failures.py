@@ -64,3 +64,42 @@ def test_a_crashed_server_is_restarted_and_the_sample_retried(env: dict[str, Any
     assert server.restarts == 1 and server.is_alive()
     for o in (out, out2):
         o.path.unlink()
+
+
+_LISTENER = "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); " \
+    "print('listening', flush=True); time.sleep(1000)"  # fmt: skip
+
+
+def test_a_port_taken_after_the_check_is_reported_at_the_failed_bind_naming_its_holder(
+    tmp_path: Path, demo_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race the check before launch cannot close (a process binds the port while SGLang loads the model):
+    SGLang's HTTP server fails to listen and SGLang would wait 120 s for its warm-up, then SIGKILL itself (exit
+    137, "warmup error: NewConnectionError"). The launcher reads the bind failure in the log and says what
+    happened instead. Here the check is skipped and a listener holds the port from the start."""
+    require_sglang_env()
+    import subprocess
+    import sys
+
+    from eagle3.serving.server import ServerError
+    from tests.ports import free_port
+
+    port = free_port()
+    listener = subprocess.Popen([sys.executable, "-c", _LISTENER, str(port), "late-taker"], stdout=subprocess.PIPE,
+                                text=True)  # fmt: skip
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "listening"
+        monkeypatch.setattr(SGLangServer, "_check_port", lambda self: None)
+        cfg = sglang_config(tmp_path / "run", demo_model)
+        server = SGLangServer(cfg.server, demo_model, dump_dir=None, layers=None, log_dir=tmp_path / "log",
+                              base_env=dict(os.environ), port=port)  # fmt: skip
+        with pytest.raises(ServerError) as e:
+            server.start()
+    finally:
+        listener.kill()
+        listener.wait()
+    msg = str(e.value)
+    assert "could not bind its port" in msg and f"port {port}" in msg, msg
+    assert f"pid {listener.pid}" in msg and "late-taker" in msg and "server.port" in msg, msg
+    assert "exited with code" not in msg  # ours, not SGLang's own end two minutes later
+    assert not server.is_alive() and not (tmp_path / "log" / "server.json").exists()  # the group stopped
