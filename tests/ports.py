@@ -17,8 +17,9 @@ import socket
 import tempfile
 from pathlib import Path
 
-#: Below Linux's default ip_local_port_range (32768-60999). SGLang also takes a port 100-1000 above its own.
-LOW, HIGH = 20000, 31000
+#: Below Linux's default ip_local_port_range (32768-60999) and clear of server.port's default (30000, which a
+#: test's config may leave as it is): SGLang also takes a port 100-1000 above its own.
+LOW, HIGH = 20000, 29000
 CLAIMS = Path(tempfile.gettempdir()) / "eagle3-test-ports"
 _claimed: list[int] = []  # open, locked claim files: the claims last as long as this process
 _pick = random.SystemRandom()  # not the `random` module's state, which tests seed
