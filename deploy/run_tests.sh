@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole suite (unit, integration, end-to-end, UI) on both cores: two pytest processes side by side,
-#   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun), and two end-to-end files
-#            that start their own Prefect server (crash detection, the project's server from a fresh shell)
-#   prefect: the rest of tests/e2e, tests/ui (the session's Prefect server, the `make serve` node, Chromium)
+#   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun)
+#   prefect: tests/e2e tests/ui             (Prefect servers, the `make serve` node, Chromium)
 # split so each holds about half the test time, ~25 minutes on two cores (docs/testing.md). Not pytest-xdist's
 # workers: a worker that ran a browser test keeps Playwright's event loop in its main thread and its served node's
 # PREFECT_API_URL, and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md).
@@ -34,11 +33,8 @@ sampler=$!
 if [ "${PYTEST_SPLIT:-1}" = 0 ]; then
   names=(all); groups=("tests")
 else
-  # Two end-to-end files that bring their own server and mostly wait on it run with the library: it balances the two
-  # (docs/testing.md).
-  moved="tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
   names=(library prefect)
-  groups=("tests/integration tests/unit $moved" "tests/e2e tests/ui ${moved//tests\//--ignore=tests/}")
+  groups=("tests/integration tests/unit" "tests/e2e tests/ui")
 fi
 pids=()
 for i in "${!names[@]}"; do
