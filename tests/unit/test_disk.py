@@ -69,6 +69,15 @@ def test_the_reserve_is_a_share_of_the_filesystem_and_at_least_the_minimum(
     assert not c.ok
 
 
+def test_the_default_reserve_lets_a_small_run_use_a_large_shared_filesystem_with_little_free(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's disk once: 21 GB free of 271 GB. A reserve of a tenth of the size (27 GB) refused a 1.3 MB run."""
+    monkeypatch.setattr(disk, "fs_usage", FakeDisk(free=21 * 10**9, total=271 * 10**9))
+    c = check_budget(tmp_path, 1_300_000, DiskConfig())
+    assert c.ok and c.reserve_bytes == int(0.02 * 271 * 10**9) and c.available_bytes > 15 * 10**9
+
+
 def test_a_failed_check_says_what_is_needed_free_reserved_and_what_to_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
