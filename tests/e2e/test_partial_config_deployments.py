@@ -6,7 +6,6 @@ minutes): it runs that same first step on the real flow run and returns the conf
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from prefect import flow
 
 from eagle3.config import PipelineConfig
 from tasks.deployment_config import deployment_config
+from tests.deploy_module import deployments_module
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +39,6 @@ KEPT = {
 def probe_flow_standing_in(config: PipelineConfig) -> dict[str, Any]:
     merged, sources = deployment_config(config)
     return {"config": merged.model_dump(mode="json"), "sources": sources.model_dump()}
-
-
-def deployments_module() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def dotted(tree: dict[str, Any], key: str) -> Any:

@@ -33,6 +33,7 @@ from eagle3.config import PipelineConfig, load_config
 from eagle3.store.lease import lease_path
 from eagle3.store.lock import read_owner
 from eagle3.store.run_store import RunStore
+from tests.deploy_module import deployments_module
 from tests.store_compare import store_contents
 
 pytestmark = pytest.mark.slow
@@ -206,17 +207,6 @@ def test_a_killed_flow_runs_lease_is_taken_over_by_the_waiting_flow_run_and_the_
     summary = second.result()
     assert summary.extracted == SHARDS and summary.by_other_runs == []
     assert store_contents(store) == store_contents(reference)
-
-
-def deployments_module() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def start_worker(pool: str, queue: str) -> subprocess.Popen[bytes]:

@@ -8,7 +8,6 @@ seconds after the deployment is applied."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from eagle3.data.synthesize import read_summary
 from eagle3.store.run_store import RunStore
+from tests.deploy_module import deployments_module
 from tests.landing import drop
 from tests.ports import free_port
 
@@ -30,14 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 SERVE = REPO / "deploy" / "serve.sh"
 INTERVAL_S = 90  # a run takes ~40 s on 2 cores; rows are dropped in the gap
 WAIT_S = 420
-
-
-def deployments_module() -> Any:
-    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

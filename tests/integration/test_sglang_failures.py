@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,10 @@ import pytest
 
 from eagle3.extract.engines.base import Dumped, Failed
 from eagle3.extract.engines.sglang_engine import SGLangEngine
-from eagle3.serving.server import SGLangServer
+from eagle3.serving.server import ServerError, SGLangServer
 from eagle3.store import dump_protocol as proto
 from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, start_server
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 
@@ -78,12 +81,6 @@ def test_a_port_taken_after_the_check_is_reported_at_the_failed_bind_naming_its_
     137, "warmup error: NewConnectionError"). The launcher reads the bind failure in the log and says what
     happened instead. Here the check is skipped and a listener holds the port from the start."""
     require_sglang_env()
-    import subprocess
-    import sys
-
-    from eagle3.serving.server import ServerError
-    from tests.ports import free_port
-
     port = free_port()
     listener = subprocess.Popen([sys.executable, "-c", _LISTENER, str(port), "late-taker"], stdout=subprocess.PIPE,
                                 text=True)  # fmt: skip

@@ -4,27 +4,17 @@ the crash automation refuses a window shorter than two heartbeats."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.deploy_module import deployments_module
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def deployments_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> None:

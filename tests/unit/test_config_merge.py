@@ -3,8 +3,6 @@ a run's parameters over the deployment's one level deep, so the flows merge `con
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +10,7 @@ import pytest
 
 from eagle3.config import PipelineConfig
 from eagle3.config_merge import deep_merge, merge_config
+from tests.deploy_module import deployments_module
 
 REPO = Path(__file__).resolve().parents[2]
 #: Settings each deployment sets itself, which a run giving only run_dir (and one other key) keeps.
@@ -22,15 +21,6 @@ KEPT = {
     "grow": {"stages", "data.dataset", "train.init", "train.min_new_tokens"},
 }
 DEVICE_KEYS = ("stages", "server.device", "train.device", "evaluate.device", "extract.share_run_dir")
-
-
-def deployments_module() -> Any:
-    spec = importlib.util.spec_from_file_location("eagle3_deployments", REPO / "deploy" / "deployments.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def config_deployments() -> list[dict[str, Any]]:
