@@ -20,6 +20,7 @@ call, after a warm-up call of the same shape (hf-static compiles in it). The lim
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -38,15 +39,15 @@ from eagle3.data.synthesize import generate_batch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load(model_dir: Path, random_weights: bool, device: str) -> Any:
+def load(model_dir: Path, random_weights: bool, device: str, dtype: torch.dtype = torch.bfloat16) -> Any:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not random_weights:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     torch.manual_seed(0)
     cfg = AutoConfig.from_pretrained(model_dir)
     with torch.device(device):
-        return AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+        return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
 
 
 def prompts_of(chat: ChatTokenizer, n: int) -> list[str]:
@@ -85,6 +86,22 @@ def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: Sy
         synthesize.PROGRESS_EVERY_STEPS, decode.fits, decode.CUDA_GRAPH = every, fits, graph
 
 
+def divergence(f32: Any, chat: ChatTokenizer, prompt: str, a: str, b: str) -> str:
+    """Where two greedy answers to `prompt` part: the first differing token, and the float32 model's top-2 logit
+    gap there (a near-tie, which bf16 rounding flips, has a gap of a few hundredths) and which side float32 picks."""
+    tok = chat.tokenizer
+    ids_a, ids_b = (tok(x, add_special_tokens=False)["input_ids"] for x in (a, b))
+    i = next((j for j, (x, y) in enumerate(zip(ids_a, ids_b, strict=False)) if x != y), min(len(ids_a), len(ids_b)))
+    ctx = tok(prompt, add_special_tokens=False)["input_ids"] + ids_a[:i]
+    with torch.inference_mode():
+        logits = f32(input_ids=torch.tensor([ctx], device=f32.device)).logits[0, -1]
+    top = logits.topk(2)
+    gap = float(top.values[0] - top.values[1])
+    want = [x[i] if i < len(x) else None for x in (ids_a, ids_b)]
+    side = {want[0]: "reference", want[1]: "other"}.get(int(top.indices[0]), "neither")
+    return f"token {i}: float32 top-2 gap {gap:.4f}, float32 picks {side}'s"
+
+
 def profile(
     impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: SynthesizeConfig, sampled: bool
 ) -> None:
@@ -120,6 +137,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--impl", nargs="+", choices=IMPLS, default=list(IMPLS))
     ap.add_argument("--check", type=int, default=64, help="rows compared with before's, greedy (0: none)")
+    ap.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16", help="the target's weights")
+    ap.add_argument("--split", type=int, default=0, help="--check also compares before in batches of N with before")
+    ap.add_argument("--detail", action="store_true", help="--check: where each differing row parts (divergence)")
     ap.add_argument("--sampled", action="store_true", help="every row sampled (temperature 0.8), else greedy")
     ap.add_argument("--device", default="cuda")
     ap.add_argument(
@@ -132,7 +152,7 @@ def main() -> None:
     ap.add_argument("--bandwidth-tbs", type=float, default=4.8, help="H200 HBM3e: 4.8 TB/s")
     args = ap.parse_args()
 
-    model = load(args.model, args.random_weights, args.device)
+    model = load(args.model, args.random_weights, args.device, getattr(torch, args.dtype))
     chat = ChatTokenizer.from_model_dir(args.model)
     scfg = SynthesizeConfig(max_new_tokens=args.max_new_tokens, temperature=0.8, batch_size=max(args.batch))
     print("| impl | batch | generated tokens | seconds | tok/s | limit tok/s | of limit |")
@@ -172,10 +192,21 @@ def main() -> None:
         greedy = scfg.model_copy(update={"temperature": 0.0})
         a = run("before", model, chat, prompts, greedy, False)
         print()
-        for impl in args.impl:
-            b = run(impl, model, chat, prompts, greedy, False)
+        f32 = copy.deepcopy(model).float() if args.detail else None
+        others = {impl: run(impl, model, chat, prompts, greedy, False) for impl in args.impl}
+        if args.split:  # the reference against itself, the same prompts in smaller batches
+            others[f"before in batches of {args.split}"] = [
+                t for i in range(0, len(prompts), args.split)
+                for t in run("before", model, chat, prompts[i : i + args.split], greedy, False)
+            ]  # fmt: skip
+        for name, b in others.items():
             same = sum(x.text == y.text for x, y in zip(a, b, strict=True))
-            print(f"{impl} vs before, greedy, first {args.check} prompts: {same} of {len(a)} rows identical")
+            print(f"{name} vs before, {args.dtype}, greedy, first {args.check} prompts: {same} of {len(a)} rows "
+                  "identical", flush=True)  # fmt: skip
+            if args.detail:
+                for i, (x, y) in enumerate(zip(a, b, strict=True)):
+                    if x.text != y.text:
+                        print(f"  row {i}: {divergence(f32, chat, prompts[i], x.text, y.text)}", flush=True)
 
 
 if __name__ == "__main__":
