@@ -83,7 +83,7 @@ def stage(name: str, results: dict[str, Any]) -> Any:
     return _Timer()
 
 
-def template_overrides(args: argparse.Namespace, root: Path, cuda: bool) -> list[str]:
+def template_overrides(args: argparse.Namespace, root: Path) -> list[str]:
     """The template corpus as config keys: its prompts files, the held-out template set and the varied set."""
     extra = [s.split("=", 1) for s in (args.eval_set or [f"varied={REPO / 'data/eval_varied_prompts.jsonl'}"])]
     sets = [{"name": "held-out", "dataset": str(root / "prompts" / "heldout.jsonl"), "kind": "template held-out",
@@ -95,7 +95,8 @@ def template_overrides(args: argparse.Namespace, root: Path, cuda: bool) -> list
     sections = {
         "stages": ["prepare", "synthesize", "extract", "convert", "train", "evaluate"],
         "data": {"dataset": str(root / "prompts" / "train.jsonl"), "max_length": 1024, "shard_size": 1000},
-        "synthesize": {"max_new_tokens": args.max_new_tokens, "batch_size": args.synth_batch if cuda else 8},
+        "synthesize": {"max_new_tokens": args.max_new_tokens,
+                       **({"batch_size": args.synth_batch} if args.synth_batch else {})},
         "extract": {"store_dtype": args.store_dtype},
         "train": train,
         "evaluate": {"sets": sets, "draft_steps": args.draft_steps, "compare_steps": [args.draft_steps],
@@ -116,7 +117,7 @@ def build_config(args: argparse.Namespace, root: Path, cuda: bool) -> PipelineCo
         f"server.batch_tokens={65536 if cuda else 4096}",
         *(["train.precision=fp32"] if not cuda else []),
     ]
-    base = [] if args.config else template_overrides(args, root, cuda)
+    base = [] if args.config else template_overrides(args, root)
     cfg = load_config(args.config, [*base, *placed, *(args.set or [])])
     if "prompts" in cfg.stages:  # the prompts stage writes the corpus that prepare reads: this root's
         cfg = load_config(args.config, [*base, *placed, *(args.set or []), f"data.dataset={corpus_path(cfg)}"])
@@ -165,7 +166,7 @@ def main() -> None:
     template.add_argument("--lr", type=float, default=3e-4)
     template.add_argument("--batch-tokens", type=int, default=16384)
     template.add_argument("--draft-steps", type=int, default=3)
-    template.add_argument("--synth-batch", type=int, default=256, help="prompts generated together (GPU)")
+    template.add_argument("--synth-batch", type=int, help="prompts generated together (default: synthesize's own)")
     template.add_argument("--checkpoint-every", type=int, default=200, help="steps; a killed run resumes")
     template.add_argument("--store-dtype", default="bfloat16", choices=["bfloat16", "float8_e4m3"])
     template.add_argument(

@@ -85,7 +85,13 @@ class SynthesizeConfig(StrictModel):
     max_new_tokens: int = Field(256, gt=0, le=32768, description="Longest generated assistant turn.")
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling cut-off when temperature > 0.")
-    batch_size: int = Field(8, gt=0, le=4096, description="transformers engine: prompts generated together.")
+    batch_size: int | None = Field(
+        None,
+        gt=0,
+        le=4096,
+        description="transformers engine: prompts generated together. None: 8 on a CPU, 2,048 on a GPU (where a "
+        "batch that does not fit the memory is split in halves; docs/performance.md).",
+    )
     seed: int = Field(0, description="Sampling seed (temperature > 0; transformers engine).")
     concurrency: int = Field(
         64,

@@ -2,7 +2,7 @@
 # the pipeline's own stages (configs/varied-corpus.yaml through bench/quality_run.py), then drafts trained on the
 # same data: bf16 store, FP8 store, and one variant per training choice, each evaluated on the config's sets.
 # Usage: bash bench/device/quality.sh ROOT   (logs in ROOT/logs, a line per finished step in ROOT/steps)
-# Env: SELF_INSTRUCT (3000), EPOCHS (the config's: 10), SYNTH_BATCH (1024), FP8 (1: also the FP8-store draft), VARIANTS (below),
+# Env: SELF_INSTRUCT (3000), EPOCHS (the config's: 10), SYNTH_BATCH (the pipeline's: 2,048 on a GPU), FP8 (1: also the FP8-store draft), VARIANTS (below),
 #      CHOICE_FRACTION (1: the training-choice variants on that fraction of the data), CURVE (1: the epoch curve),
 #      K5 (1: the bf16/FP8 drafts evaluated at k=5 too), GAP (1: bench/acceptance_gap.py on the bf16 draft),
 #      BASE (bf16: the base draft's store and directory under ROOT; fp8: an FP8 store, half the disk, as run 8),
@@ -25,7 +25,7 @@ export PYTHONPATH=$PYTHONPATH:$PWD/bench TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
 Q="${PY:-python3} bench/quality_run.py --config configs/varied-corpus.yaml --data-dir /tmp/qdata"
 BASE=${BASE:-bf16}; declare -A STORE_DTYPE=([bf16]=bfloat16 [fp8]=float8_e4m3)
 DATA="--set extract.store_dtype=${STORE_DTYPE[$BASE]} --set prompts.self_instruct=${SELF_INSTRUCT:-3000} --set synthesize.samples_per_prompt=2 --set synthesize.user_turns=0
- --set synthesize.batch_size=${SYNTH_BATCH:-1024} --set data.shard_size=1000"
+ ${SYNTH_BATCH:+--set synthesize.batch_size=$SYNTH_BATCH} --set data.shard_size=1000"
 # the training recipe is the config's (epochs 10, 16,384-token steps, lr 1e-3 cosine to 0.1x, TTT 7, vocabulary
 # 32,000); here only EPOCHS when given, and the checkpoint and log cadence of the epoch curve
 TRAIN="${EPOCHS:+--set train.epochs=$EPOCHS} --set train.checkpoint_every=50 --set train.keep_checkpoints=2

@@ -40,7 +40,7 @@ from eagle3.data.synthesize import (
     HEARTBEAT_S,
     LockedCounter,
     Turn,
-    generate_batch,
+    generate_batches,
     load_model,
     prompt_ids,
     stop_token_ids_of,
@@ -252,11 +252,11 @@ def write_requests(
         except RowError as e:
             on_failed(cell, str(e))
     rendered.sort(key=lambda x: len(x[1]))  # similar lengths together: less padding
-    for b in range(0, len(rendered), scfg.batch_size):
-        batch = rendered[b : b + scfg.batch_size]
-        sampling = [(scfg.temperature, sample_seed(scfg.seed, c.id, 0)) for c, _ in batch]
-        outs = generate_batch(model, chat, [t for _, t in batch], scfg, lambda n: counter.add(0, tokens=n), sampling)
-        for (cell, _), turn in zip(batch, outs, strict=True):
+    sampling = [(scfg.temperature, sample_seed(scfg.seed, c.id, 0)) for c, _ in rendered]
+    batches = generate_batches(model, chat, [t for _, t in rendered], scfg, lambda n: counter.add(0, tokens=n),
+                               sampling)  # fmt: skip
+    for first, outs in batches:
+        for (cell, _), turn in zip(rendered[first : first + len(outs)], outs, strict=True):
             on_done(cell, turn)
 
 
