@@ -2,8 +2,8 @@
 # Runs the whole suite (unit, integration, end-to-end, UI) on both cores: three pytest processes side by side,
 #   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun)
 #   prefect: tests/e2e tests/ui             (Prefect servers, the `make serve` node, Chromium)
-#   waiting: three end-to-end files that mostly wait (below)
-# split so the first two hold about half the test time each, ~20 minutes on two cores (docs/testing.md). Not pytest-xdist's
+#   waiting: three end-to-end files that mostly wait, and two library files that fill the waits (below)
+# split so that they end about together, ~19-20 minutes on two cores (docs/testing.md). Not pytest-xdist's
 # workers: a worker that ran a browser test keeps Playwright's event loop in its main thread and its served node's
 # PREFECT_API_URL, and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md).
 # Extra arguments go to both processes; PYTEST_SPLIT=0 runs everything in one process. Each process prints its
@@ -35,15 +35,15 @@ if [ "${PYTEST_SPLIT:-1}" = 0 ]; then
   names=(all); groups=("tests")
 else
   # The third process holds the end-to-end tests that mostly wait (a schedule's ticks, heartbeats running out,
-  # their own Prefect servers): ~4.5 minutes of wall, little CPU, which in the prefect process kept it waiting
-  # while the cores idled (81% busy). test_generation (CPU-bound, no server) moves to the prefect process to
-  # keep the two long ones even (docs/testing.md, session 19).
+  # their own Prefect servers): ~4.7 minutes of wall, little CPU, which in the prefect process kept it waiting
+  # while the cores idled (81% busy). Two self-contained CPU-bound library files (~4 minutes) fill its waits,
+  # so the three processes end together (docs/testing.md, session 19).
   waiting="tests/e2e/test_schedule.py tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
-  moved="tests/integration/test_generation.py"
+  filling="tests/integration/test_generation.py tests/integration/test_retrain.py"
   names=(library prefect waiting)
-  groups=("tests/integration tests/unit --ignore=$moved"
-          "$moved tests/e2e tests/ui $(printf -- '--ignore=%s ' $waiting)"
-          "$waiting")
+  groups=("tests/integration tests/unit $(printf -- '--ignore=%s ' $filling)"
+          "tests/e2e tests/ui $(printf -- '--ignore=%s ' $waiting)"
+          "$waiting $filling")
 fi
 pids=()
 for i in "${!names[@]}"; do
