@@ -137,6 +137,10 @@ def build_env(
         env["SGLANG_USE_CPU_ENGINE"] = "1"
         env[proto.ENV_CPU_FORK] = "1"  # no CUDA context to protect: children forked, not spawned (cpu_fork.py)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(stub), env.get("LD_LIBRARY_PATH", "")) if p)
+        # Our stop SIGTERMs the whole group, so SGLang's watchdog takes every stop for a scheduler crash and sleeps 5 s
+        # "to let GPU activity settle" before a py-spy / CUDA core dump; on CPU there is no GPU to wait for.
+        for diagnostics in ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH"):
+            env.setdefault(diagnostics, "0")
     return env
 
 
@@ -366,7 +370,7 @@ class SGLangServer:
                 self._port_lost()
             if self.healthy(timeout_s=5.0):
                 return
-            time.sleep(1.0)
+            time.sleep(0.25)  # refused or 503 until it is up: cheap to ask, and every start waits on this
         where = f"log {self.log_path}:\n{self.log_tail()}" if not self.attached else f"url {self.url}"
         raise ServerError(f"SGLang did not answer /health within {timeout_s:.0f}s (server.startup_timeout_s); {where}")
 

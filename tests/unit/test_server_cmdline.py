@@ -50,6 +50,10 @@ def test_cpu_adds_the_cpu_engine_and_the_stub_libcuda() -> None:
     assert env["SGLANG_USE_CPU_ENGINE"] == "1" and env[proto.ENV_CPU_FORK] == "1"  # children forked on CPU only
     stub, rest = env["LD_LIBRARY_PATH"].split(":")
     assert stub.endswith(".venv-sglang/stub") and Path(stub).is_absolute() and rest == "/opt/lib"
+    # no 5 s "let GPU activity settle" sleep on each stop of a CPU server, unless the caller asks for the dumps
+    assert env["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == env["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "0"
+    asked = build_env(cfg, {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "1"}, device="cpu", dump_dir=None, aux_layers=None)
+    assert asked["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] == "1"
 
 
 def test_the_environment_passes_nccl_and_cuda_through_and_sets_the_hook(tmp_path: Path) -> None:
@@ -60,6 +64,7 @@ def test_the_environment_passes_nccl_and_cuda_through_and_sets_the_hook(tmp_path
     assert env[proto.ENV_DUMP_DIR] == str((tmp_path / "d").absolute())
     assert env[proto.ENV_AUX_LAYERS] == "2,15,27" and env[proto.ENV_RID_PREFIX] == "e3-"
     assert env["PYTHONUNBUFFERED"] == "1" and "SGLANG_USE_CPU_ENGINE" not in env
+    assert "SGLANG_PYSPY_DUMP_BEFORE_CRASH" not in env  # SGLang's crash diagnostics stay on where a GPU runs
     plain = build_env(cfg, base, device="cuda", dump_dir=None, aux_layers=None)
     assert not any(k.startswith("EAGLE3_") for k in plain)  # a stale switch never leaks into a plain server
 
