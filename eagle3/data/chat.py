@@ -27,6 +27,7 @@ RowFormat = Literal["auto", "sharegpt", "openai"]
 
 ROLES = {
     "system": "system",
+    "developer": "system",  # OpenAI's newer name for the system message
     "human": "user",
     "user": "user",
     "gpt": "assistant",
@@ -34,6 +35,8 @@ ROLES = {
     "chatgpt": "assistant",
     "bard": "assistant",
 }
+TOOL_ROLES = {"tool", "function", "ipython", "observation"}  # tool results, by the names chat logs give them
+TEXT_PARTS = {"text", "input_text", "output_text"}  # content-part types that are text (chat and responses APIs)
 _KEYS = {"sharegpt": "conversations", "openai": "messages"}
 _SENTINEL = "\ue000eagle3-assistant-{}\ue001"  # private-use code points: no template or text contains them
 _REASONING = "\ue000eagle3-reasoning-{}\ue001"
@@ -57,8 +60,26 @@ def _field(msg: Mapping[str, Any], *names: str) -> Any:
     return None
 
 
+def _text_content(content: Any, i: int, role: str) -> Any:
+    """OpenAI content parts (`[{"type": "text", "text": ...}, ...]`, as chat logs store them) -> their text, joined
+    as the API joins them; anything else is returned as it is, for the checks that follow."""
+    if not isinstance(content, Sequence) or isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise RowError(
+                f"a {kind!r} content part in message {i} ({role}): the draft trains on text only; "
+                "drop the row, or its non-text parts"
+            )
+        texts.append(part["text"])
+    return "".join(texts)
+
+
 def normalize_row(row: Mapping[str, Any], fmt: RowFormat = "auto") -> list[Message]:
-    """A ShareGPT (`conversations`: from/value) or OpenAI (`messages`: role/content) row -> messages.
+    """A ShareGPT (`conversations`: from/value) or OpenAI (`messages`: role/content, content a string or text
+    parts) row -> messages.
 
     Raises RowError with the reason when the row cannot be used."""
     if fmt == "auto":
@@ -81,9 +102,14 @@ def normalize_row(row: Mapping[str, Any], fmt: RowFormat = "auto") -> list[Messa
             raise RowError(f"unknown schema: message {i} is a {type(msg).__name__}, expected an object")
         raw_role = _field(msg, "role", "from")
         role = ROLES.get(str(raw_role).lower()) if raw_role is not None else None
+        if str(raw_role).lower() in TOOL_ROLES or (role == "assistant" and _field(msg, "tool_calls", "function_call")):
+            raise RowError(
+                f"message {i} is part of a tool call ({'tool_calls' if role else f'role {raw_role!r}'}): conversations "
+                "with tool calls are not supported; leave them out of data.dataset or keep only their text turns"
+            )
         if role is None:
             raise RowError(f"unknown role {raw_role!r} in message {i} (expected one of {sorted(ROLES)})")
-        content = _field(msg, "content", "value")
+        content = _text_content(_field(msg, "content", "value"), i, role)
         if not isinstance(content, str):
             raise RowError(f"content not a string in message {i} ({role}): got {type(content).__name__}")
         try:

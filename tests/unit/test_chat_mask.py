@@ -103,12 +103,70 @@ def test_too_long_is_a_row_error_unless_truncating(chat: ChatTokenizer) -> None:
         ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}, "empty content"),
         ({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}]}, "not a string"),
         ({"messages": [{"role": "user", "content": "\ud800"}, {"role": "assistant", "content": "x"}]}, "decodable"),
-        ({"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "x"}]}, "unknown role"),
+        ({"messages": [{"role": "critic", "content": "x"}, {"role": "assistant", "content": "x"}]}, "unknown role"),
+        (
+            {"messages": [{"role": "tool", "content": "x"}, {"role": "assistant", "content": "x"}]},
+            "tool call.*role 'tool'",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "tool_calls": [{}]},
+                ]
+            },
+            r"message 1 is part of a tool call \(tool_calls\)",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+                    {"role": "assistant", "content": "x"},
+                ]
+            },
+            r"'image_url' content part in message 0 \(user\): the draft trains on text only",
+        ),
+        (
+            {"messages": [{"role": "user", "content": ["x"]}, {"role": "assistant", "content": "x"}]},
+            "'str' content part",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}, {"role": "assistant", "content": "x"}]},
+            "part",
+        ),
+        ({"messages": [{"role": "user", "content": []}, {"role": "assistant", "content": "x"}]}, "empty content"),
     ],
 )
 def test_unusable_rows_raise_a_row_error_with_the_reason(row: dict[str, Any], reason: str) -> None:
     with pytest.raises(RowError, match=reason):
         normalize_row(row)
+
+
+def test_openai_text_parts_and_the_developer_role_read_as_the_plain_conversation() -> None:
+    """Chat logs of OpenAI-compatible servers keep content as a list of text parts and the system prompt as
+    `developer`: the same conversation, so the same messages and the same sample id as the plain form."""
+    parts = normalize_row(
+        {
+            "messages": [
+                {"role": "developer", "content": [{"type": "text", "text": "Be brief."}]},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "Name a "}, {"type": "input_text", "text": "star."}],
+                },
+                {"role": "assistant", "content": [{"type": "output_text", "text": "Vega."}]},
+            ]
+        }
+    )
+    plain = normalize_row(
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Name a star."},
+                {"role": "assistant", "content": "Vega."},
+            ]
+        }
+    )
+    assert parts == plain and sample_id(parts) == sample_id(plain)
 
 
 def test_forced_format_requires_its_field() -> None:
