@@ -13,6 +13,7 @@ on every node.
 from __future__ import annotations
 
 import hashlib
+import random
 import socket
 import time
 from pathlib import Path
@@ -22,6 +23,9 @@ from eagle3.store.fsio import atomic_write_json, read_json
 from eagle3.store.paths import TrainPaths
 from eagle3.train.launch import NodeLaunch
 
+#: Below Linux's default ephemeral range (32768-60999) and SGLang's 30000+ (server.port and the ports it adds).
+RDZV_PORTS = range(29100, 29900)
+_pick = random.SystemRandom()
 PUBLISH_WAIT_S = 600.0  # how long nodes 1.. wait for node 0 to publish its port (node 0 may start last)
 
 
@@ -34,8 +38,28 @@ def rdzv_id(out_dir: Path) -> str:
     return "eagle3-" + hashlib.sha256(str(Path(out_dir).resolve()).encode()).hexdigest()[:12]
 
 
-def free_port(host: str = "") -> int:
-    """A TCP port free now on `host` ("" all interfaces: the store listens there for the other nodes)."""
+def ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port of the kernel's ephemeral range (outgoing connections' source ports); Linux's default."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "", low: int | None = None) -> int:
+    """A TCP port free now on `host` ("" all interfaces: the store listens there for the other nodes).
+
+    From RDZV_PORTS, below the ephemeral range: a port the kernel picked (bind to 0) comes from that range, where any
+    outgoing connection of the node can take it in the seconds before torchrun binds it. The kernel's pick only
+    when the ephemeral range starts below RDZV_PORTS's end or none of them is free."""
+    if (ephemeral_low() if low is None else low) >= RDZV_PORTS.stop:
+        for port in _pick.sample(RDZV_PORTS, 64):
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])

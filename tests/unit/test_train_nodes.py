@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import socket
 import threading
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from eagle3.config import TrainConfig
 from eagle3.draft.data import BatchStream, DataPosition, Sample
 from eagle3.store.paths import TrainPaths
 from eagle3.train.launch import NodeLaunch, torchrun_command
-from eagle3.train.rendezvous import RendezvousError, node_launch, rdzv_id
+from eagle3.train.rendezvous import RDZV_PORTS, RendezvousError, ephemeral_low, free_port, node_launch, rdzv_id
 
 
 @pytest.mark.parametrize(("nodes", "nproc"), [(1, 2), (2, 1), (2, 2), (3, 2)])
@@ -74,6 +75,19 @@ def test_node_0_publishes_its_port_and_the_other_node_reads_it(tmp_path: Path) -
     assert TrainPaths(tmp_path).rendezvous("run-a").is_file()
     fixed = cfg.model_copy(update={"rdzv_endpoint": "node0:29400"})
     assert node_launch(fixed, tmp_path, None) == NodeLaunch(2, 0, "node0:29400", rdzv_id(tmp_path))
+
+
+def test_node_0s_port_comes_from_below_the_ephemeral_range_where_outgoing_connections_cannot_take_it(
+    tmp_path: Path,
+) -> None:
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    assert ephemeral_low(ranges) == 32768 and ephemeral_low(tmp_path / "absent") == 32768
+    port = free_port("127.0.0.1")
+    assert port in RDZV_PORTS if ephemeral_low() >= RDZV_PORTS.stop else port > 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # free: torchrun can bind it
+    assert free_port("127.0.0.1", low=1024) not in RDZV_PORTS  # a range that starts lower: the kernel's pick
 
 
 def test_a_node_without_a_port_or_a_launch_token_is_told_what_to_set(tmp_path: Path) -> None:
