@@ -35,7 +35,7 @@ ROLES = {
     "chatgpt": "assistant",
     "bard": "assistant",
 }
-TOOL_ROLES = {"tool", "function", "ipython", "observation"}  # tool results, by the names chat logs give them
+TOOL_ROLES = {"tool", "function", "function_call", "ipython", "observation"}  # tool results, by the names chat logs give them
 TEXT_PARTS = {"text", "input_text", "output_text"}  # content-part types that are text (chat and responses APIs)
 _KEYS = {"sharegpt": "conversations", "openai": "messages"}
 _SENTINEL = "\ue000eagle3-assistant-{}\ue001"  # private-use code points: no template or text contains them
