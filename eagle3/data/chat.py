@@ -35,7 +35,8 @@ ROLES = {
     "chatgpt": "assistant",
     "bard": "assistant",
 }
-TOOL_ROLES = {"tool", "function", "function_call", "ipython", "observation"}  # tool results, by the names chat logs give them
+#: Roles of tool calls and their results, as chat logs name them (OpenAI, ShareGPT/glaive, Llama 3).
+TOOL_ROLES = {"tool", "function", "function_call", "ipython", "observation"}
 TEXT_PARTS = {"text", "input_text", "output_text"}  # content-part types that are text (chat and responses APIs)
 _KEYS = {"sharegpt": "conversations", "openai": "messages"}
 _SENTINEL = "\ue000eagle3-assistant-{}\ue001"  # private-use code points: no template or text contains them
