@@ -103,9 +103,10 @@ def normalize_row(row: Mapping[str, Any], fmt: RowFormat = "auto") -> list[Messa
             raise RowError(f"unknown schema: message {i} is a {type(msg).__name__}, expected an object")
         raw_role = _field(msg, "role", "from")
         role = ROLES.get(str(raw_role).lower()) if raw_role is not None else None
-        if str(raw_role).lower() in TOOL_ROLES or (role == "assistant" and _field(msg, "tool_calls", "function_call")):
+        calls = [k for k in ("tool_calls", "function_call") if msg.get(k)] if role == "assistant" else []
+        if str(raw_role).lower() in TOOL_ROLES or calls:
             raise RowError(
-                f"message {i} is part of a tool call ({'tool_calls' if role else f'role {raw_role!r}'}): conversations "
+                f"message {i} is part of a tool call ({calls[0] if calls else f'role {raw_role!r}'}): conversations "
                 "with tool calls are not supported; leave them out of data.dataset or keep only their text turns"
             )
         if role is None:

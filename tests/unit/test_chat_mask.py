@@ -120,6 +120,15 @@ def test_too_long_is_a_row_error_unless_truncating(chat: ChatTokenizer) -> None:
         (
             {
                 "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": None, "function_call": {"name": "f"}},
+                ]
+            },
+            r"message 1 is part of a tool call \(function_call\)",
+        ),
+        (
+            {
+                "messages": [
                     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
                     {"role": "assistant", "content": "x"},
                 ]
