@@ -24,6 +24,7 @@ task layer adds otherwise.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -54,10 +55,24 @@ from eagle3.store import dump_protocol as proto
 FLOW_RUN_ENV = "PREFECT__FLOW_RUN_ID"
 PORT_FREE_WAIT_S = 15.0
 LineFn = Callable[[str], None]
+#: A Python exception's own line: `ValueError: ...`, `torch.OutOfMemoryError: ...`, `KeyboardInterrupt`, as a
+#: traceback ends, possibly behind a logger's prefix (SGLang's `[2026-12-05 02:05:30] `).
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\[[^\]]*\]\s*)?((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?)$"
+)
 
 
 class ServerError(RuntimeError):
     """The server did not start, died, or is not set up for extraction; the message quotes its log."""
+
+
+def last_exception(log_text: str) -> str | None:
+    """The last exception line of a log (`RuntimeError: ...`), for the first line of an error, where a reader
+    (a flow run's state message, a failure artifact) sees it; the tail below it keeps the traceback."""
+    for line in reversed(log_text.splitlines()):
+        if m := _EXCEPTION_LINE.match(line.strip()):
+            return m.group(1)[:500]
+    return None
 
 
 def server_device(server: ServerConfig, which: Callable[[str], str | None] = shutil.which) -> str:
@@ -362,9 +377,12 @@ class SGLangServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.attached and self._proc is not None and self._proc.poll() is not None:
+                tail = self.log_tail()
+                cause = last_exception(self._launch_log())
                 raise ServerError(
-                    f"SGLang exited with code {self._proc.returncode} while starting; log {self.log_path}:\n"
-                    f"{self.log_tail()}"
+                    f"SGLang exited with code {self._proc.returncode} while starting"
+                    + (f": {cause}" if cause else "")
+                    + f"; log {self.log_path}, its last lines:\n{tail}"
                 )
             if not self.attached and BIND_FAILED in self._launch_log():
                 self._port_lost()

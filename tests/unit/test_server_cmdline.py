@@ -13,6 +13,7 @@ from eagle3.serving.server import (
     SGLangServer,
     build_command,
     build_env,
+    last_exception,
     server_device,
     shell_line,
 )
@@ -99,3 +100,25 @@ def test_attach_mode_uses_the_url_and_never_launches(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match="did not answer /health"):
         server.start()
     assert not (tmp_path / "log").exists()
+
+
+def test_the_last_exception_line_of_a_log_is_found_behind_a_logger_prefix_and_before_later_lines() -> None:
+    log = "\n".join(
+        [
+            "[2026-12-05 02:05:30] server_args=ServerArgs(model_path='m', ...)",
+            "[2026-12-05 02:05:41 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+            '  File "/v/sglang/srt/managers/scheduler.py", line 3020, in run_scheduler_process',
+            "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank)",
+            "                ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+            "ValueError: Model architectures ['FooForCausalLM'] are not supported for now.",
+            "",
+            "[2026-12-05 02:05:41] Received sigquit from a child process. It usually means the child failed.",
+        ]
+    )
+    assert last_exception(log) == "ValueError: Model architectures ['FooForCausalLM'] are not supported for now."
+    assert last_exception("[x] torch.OutOfMemoryError: CUDA out of memory.\nbye") == (
+        "torch.OutOfMemoryError: CUDA out of memory."
+    )
+    assert last_exception("KeyboardInterrupt") == "KeyboardInterrupt"
+    # A line that only mentions an error, a warning and the traceback's caret line are not the exception.
+    assert last_exception("  File x, line 3\n    ^^^^^^\nUserWarning: slow\nthe scheduler saw no Error here") is None
