@@ -3,7 +3,9 @@ fail with a clear message instead of silently missing rows, and a crashed server
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -100,3 +102,27 @@ def test_a_port_taken_after_the_check_is_reported_at_the_failed_bind_naming_its_
     assert f"pid {listener.pid}" in msg and "late-taker" in msg and "server.port" in msg, msg
     assert "exited with code" not in msg  # ours, not SGLang's own end two minutes later
     assert not server.is_alive() and not (tmp_path / "log" / "server.json").exists()  # the group stopped
+
+
+def test_a_server_that_dies_while_starting_names_its_exception_on_the_first_line(
+    tmp_path: Path, demo_model: Path
+) -> None:
+    """SGLang refuses an architecture it has no model class for and exits while starting. The error's first line,
+    which a flow run's state message and the failure artifact show, names SGLang's own exception (not a fragment
+    of its traceback); the log's tail follows."""
+    require_sglang_env()
+    model = tmp_path / "unknown-arch"
+    shutil.copytree(demo_model, model)
+    cfg_path = model / "config.json"
+    cfg_path.write_text(json.dumps(json.loads(cfg_path.read_text()) | {"architectures": ["NoSuchForCausalLM"]}))
+    cfg = sglang_config(tmp_path / "run", model)
+    server = SGLangServer(cfg.server, model, dump_dir=None, layers=None, log_dir=tmp_path / "log",
+                          base_env=dict(os.environ), port=free_port())  # fmt: skip
+    with pytest.raises(ServerError) as e:
+        server.start()
+    first, _, tail = str(e.value).partition("\n")
+    assert first.startswith("SGLang exited with code"), first
+    assert "NoSuchForCausalLM" in first and "Error: " in first, first
+    assert "^^^" not in first and "File " not in first, first
+    assert tail  # the log's last lines still follow
+    assert not server.is_alive() and not (tmp_path / "log" / "server.json").exists()
