@@ -50,15 +50,15 @@ from eagle3.data.generate import (
     turn_of,
 )
 from eagle3.data.prepare import (
-    RawRow,
     append_prepared,
     dataset_fingerprint,
     is_current,
     prepare_source,
-    read_json_lines,
     synthesized_name,
     write_prepared,
 )
+from eagle3.data.sources.common import RawRow
+from eagle3.data.sources.local import read_json_lines
 from eagle3.data.synthesis_key import SYNTH as SYNTH_PREFIX
 from eagle3.data.synthesis_key import (
     SynthesisMixError,
