@@ -7,10 +7,10 @@ import datetime as dt
 import string
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from eagle3.store.paths import RunPaths
 
@@ -21,37 +21,48 @@ STAGES: tuple[Stage, ...] = (
 DEFAULT_STAGES: tuple[Stage, ...] = ("prepare", "synthesize", "extract")
 
 
-class DataSource(BaseModel):
-    """One input dataset of `data.sources` (or the one `data.dataset` describes)."""
+def _on_off_from_bool(v: Any) -> Any:
+    """YAML reads `on`/`off` (and true/false) as booleans: they mean `on` and `off`."""
+    return ("on" if v else "off") if isinstance(v, bool) else v
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    dataset: str = Field(
-        description="Local JSONL/JSON/Parquet file, a save_to_disk directory, a dataset repository directory, or a "
-        "Hugging Face Hub dataset id (e.g. `HuggingFaceH4/ultrachat_200k`, read with datasets.load_dataset)."
-    )
-    subset: str | None = Field(None, description="Hub/repository datasets: the configuration (subset) name.")
-    split: str = Field("train", description="Split to read (Hub datasets, repositories, saved DatasetDicts).")
-    revision: str | None = Field(None, description="Hub datasets: a branch, tag or commit to pin.")
-    max_samples: int | None = Field(None, gt=0, description="Use at most this many rows of this source (None: all).")
+#: A setting that is `auto`, `on` or `off` (YAML's booleans accepted for on/off: `--set evaluate.live=off`).
+OnOff = Annotated[Literal["auto", "on", "off"], BeforeValidator(_on_off_from_bool)]
 
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class DataConfig(StrictModel):
-    """Input conversations and how they become token ids."""
+_DATASET = (
+    "Local JSONL/JSON/Parquet file, a folder or glob of them, a save_to_disk directory, a dataset repository "
+    "directory, or a Hugging Face Hub dataset id (e.g. `HuggingFaceH4/ultrachat_200k`, read with "
+    "datasets.load_dataset; offline: pre-download it)."
+)
+
+
+class DatasetRef(StrictModel):
+    """Which dataset rows are read from: the keys a `data.sources` entry and the `data` section share."""
+
+    dataset: str = Field(description=_DATASET)
+    subset: str | None = Field(None, description="Hub dataset / repository: the configuration (subset) name.")
+    split: str = Field("train", description="Split to read (a saved DatasetDict, a Hub dataset or repository).")
+    revision: str | None = Field(None, description="Hub dataset: a branch, tag or commit to pin.")
+
+
+class DataSource(DatasetRef):
+    """One input dataset of `data.sources` (or the one `data.dataset` describes)."""
+
+    max_samples: int | None = Field(None, gt=0, description="Use at most this many rows of this source (None: all).")
+
+
+class DataConfig(DatasetRef):
+    """Input conversations and how they become token ids. `dataset`, `subset`, `split`, `revision`: DatasetRef."""
 
     dataset: str = Field(
         "data/demo_prompts.jsonl",
-        description="Local JSONL or Parquet file, a directory saved with datasets.save_to_disk, a dataset "
-        "repository directory, or a Hugging Face Hub dataset id (read with datasets.load_dataset; offline: "
-        "pre-download it). Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
+        description=f"{_DATASET} Rows hold ShareGPT `conversations` (from/value) or OpenAI `messages` (role/content).",
     )
-    split: str = Field("train", description="Split to read (a saved DatasetDict, a Hub dataset or repository).")
-    subset: str | None = Field(None, description="Hub dataset / repository: the configuration (subset) name.")
-    revision: str | None = Field(None, description="Hub dataset: a branch, tag or commit to pin.")
     sources: list[DataSource] = Field(
         default_factory=list,
         description="Several datasets, read in this order, each with its own split and max_samples (then "
@@ -407,17 +418,12 @@ class TrainConfig(StrictModel):
         "auto", description="`flex`: compiled FlexAttention (CUDA). `dense`: explicit masked scores (CPU, tests). "
         "`auto`: flex on CUDA, dense elsewhere.",
     )  # fmt: skip
-    compile: Literal["auto", "on", "off"] = Field(
+    compile: OnOff = Field(
         "auto",
         description="torch.compile the draft's per-token blocks and the fused loss. `auto`: on CUDA (an 8B-shaped "
         "draft steps 1.18x faster after a few minutes of compilation, docs/performance.md), off elsewhere. "
         "true/false read as on/off.",
     )
-
-    @field_validator("compile", mode="before")
-    @classmethod
-    def _compile_from_bool(cls, v: Any) -> Any:
-        return ("on" if v else "off") if isinstance(v, bool) else v
 
     def compiled(self, device_type: str) -> bool:
         """Whether training on `device_type` ("cuda", "cpu") compiles: the one place `compile: auto` resolves."""
@@ -545,11 +551,12 @@ class EvaluateConfig(StrictModel):
         "the verify forward and one-token decoding pick different tokens; acceptance counts stay valid.",
     )
     # live evaluation (eagle3/evaluate/live.py) -------------------------------------------------
-    live: Literal["auto", "on", "off"] = Field(
+    live: OnOff = Field(
         "auto",
         description="Serve the exported draft with SGLang EAGLE3 and time it against the plain server (on CPU "
         "through the plugin's chain-drafting fallback, docs/sglang.md). `auto`: when server.python (the SGLang "
-        "environment) exists. `on`: always (a missing environment is an error). `off`: never.",
+        "environment) exists. `on`: always (a missing environment is an error). `off`: never. true/false read as "
+        "on/off.",
     )
     fail_on_slowdown: bool = Field(
         True,

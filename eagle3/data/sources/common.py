@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.config import DataSource
+from eagle3.config import DataConfig, DatasetRef, DataSource
 
 
 class SourceError(ValueError):
@@ -63,9 +63,9 @@ def chain_rows(parts: list[Rows]) -> Rows:
     return total, itertools.chain.from_iterable(rows for _, rows in parts)
 
 
-def data_sources(data: Any) -> list[DataSource]:
-    """The sources of a DataConfig: `data.sources`, or the one that `dataset`, `subset`, `split`, `revision` name."""
+def data_sources(data: DataConfig) -> list[DataSource]:
+    """The sources of a DataConfig: `data.sources`, or the one its DatasetRef keys (`dataset`, `subset`, `split`,
+    `revision`) name."""
     if data.sources:
         return list(data.sources)
-    one = {"dataset": data.dataset, "subset": data.subset, "split": data.split, "revision": data.revision}
-    return [DataSource.model_validate(one)]
+    return [DataSource.model_validate(data.model_dump(include=set(DatasetRef.model_fields)))]
