@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import dump_root
 
 Stage = Literal["prompts", "prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"]
 STAGES: tuple[Stage, ...] = (
@@ -660,7 +660,7 @@ class PipelineConfig(StrictModel):
     @model_validator(mode="after")
     def _check_attached_dump_dirs(self) -> PipelineConfig:
         """Two attached servers writing one dump directory would clear each other's files."""
-        base = dump_root(self.run_dir, self.extract)
+        base = dump_root(self.run_dir, self.extract.dump_dir)
         dirs = [s.dump_dir or str(base) for s in self.server.servers if s.url is not None]
         if len(set(dirs)) != len(dirs):
             raise ValueError(
@@ -668,12 +668,6 @@ class PipelineConfig(StrictModel):
                 "EAGLE3_DUMP_DIR and give it as that entry's dump_dir"
             )
         return self
-
-
-def dump_root(run_dir: str | Path, extract: ExtractConfig) -> Path:
-    """The dump directory of the sglang engine: `extract.dump_dir`, else `<run_dir>/dump` (the store's filesystem,
-    so moving a dump in is a rename). Several servers of one run each get a directory below it (eagle3/servers.py)."""
-    return Path(extract.dump_dir) if extract.dump_dir else RunPaths(run_dir).default_dump_dir
 
 
 RUN_DIR_PLACEHOLDERS = ("date", "model_sha")
