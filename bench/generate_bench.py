@@ -7,10 +7,10 @@ memory-bandwidth limit, per implementation and batch size.
 `--random-weights`: the model built from DIR's config.json with seeded random weights (the same shapes and so the
 same speed as the trained weights; no answer stops early, so every row generates --max-new-tokens). The prompts are
 the demo prompts in the chat template, repeated to fill a batch. Implementations (of
-eagle3.data.synthesize.generate_batch): `before` reads its progress count off the device every decode step, with
+eagle3.data.generate.generate_batch): `before` reads its progress count off the device every decode step, with
 the dynamic cache (session 11's code); `dynamic` every 16 steps; `hf-static`: transformers' generate with its
 static KV cache, which it compiles on CUDA (the GPU default until session 14, now what models with sliding-window
-layers get); `loop-eager`: our decode loop (eagle3.data.decode) over a static cache, eager; `loop`: the same
+layers get); `loop-eager`: our decode loop (eagle3.data.decode_loop) over a static cache, eager; `loop`: the same
 replaying its decode step as a CUDA graph (the GPU default). `--check N`: of the first N prompts, greedy, how many
 rows each implementation answers with exactly `before`'s tokens. tok/s = generated tokens / wall seconds of the
 call, after a warm-up call of the same shape (hf-static compiles in it). The limit: bytes read per decode step
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from eagle3.config import SynthesizeConfig
-from eagle3.data import decode, synthesize
+from eagle3.data import decode_loop, generate
 from eagle3.data.chat import ChatTokenizer
-from eagle3.data.synthesize import generate_batch
+from eagle3.data.generate import generate_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,15 +75,15 @@ def run(impl: str, model: Any, chat: ChatTokenizer, prompts: list[str], scfg: Sy
     """One of IMPLS (the module docstring says which is which)."""
     sampling = [(scfg.temperature if sampled else 0.0, i) for i in range(len(prompts))]
     counted = [0]
-    every, fits, graph = synthesize.PROGRESS_EVERY_STEPS, decode.fits, decode.CUDA_GRAPH
-    synthesize.PROGRESS_EVERY_STEPS = 1 if impl == "before" else every
-    decode.fits = (lambda m: False) if impl == "hf-static" else fits  # type: ignore[assignment]
-    decode.CUDA_GRAPH = impl == "loop"
+    every, fits, graph = generate.PROGRESS_EVERY_STEPS, decode_loop.fits, decode_loop.CUDA_GRAPH
+    generate.PROGRESS_EVERY_STEPS = 1 if impl == "before" else every
+    decode_loop.fits = (lambda m: False) if impl == "hf-static" else fits  # type: ignore[assignment]
+    decode_loop.CUDA_GRAPH = impl == "loop"
     try:
         static = impl in ("hf-static", "loop-eager", "loop")
         return generate_batch(model, chat, prompts, scfg, counted.append, sampling, static_cache=static)
     finally:
-        synthesize.PROGRESS_EVERY_STEPS, decode.fits, decode.CUDA_GRAPH = every, fits, graph
+        generate.PROGRESS_EVERY_STEPS, decode_loop.fits, decode_loop.CUDA_GRAPH = every, fits, graph
 
 
 def divergence(f32: Any, chat: ChatTokenizer, prompt: str, a: str, b: str) -> str:

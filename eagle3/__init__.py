@@ -1,5 +1,6 @@
 """EAGLE-3 draft-model pipeline: the Prefect-free library, one package per part of the pipeline.
 
+    config/    the one config tree: a section per stage, YAML and `--set` overrides in
     store/     the run directory: paths, RunStore, sample and dump formats, atomic files, lock, leases, verify
     data/      rows in, prepared token ids out: sources, chat templates, prepare, prompts, synthesize
     serving/   SGLang servers: lifecycle, specs, records, keeper, generation requests, layer numbering
@@ -14,7 +15,6 @@ Beside them, the modules every part uses. What each may import of ours (tests/un
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
 
     progress, device, versions, project_env:  nothing
-    config:       eagle3.store
     config_merge: eagle3.config
     model_files:  eagle3.store
     tiny_models:  eagle3.store, eagle3.model_files

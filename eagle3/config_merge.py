@@ -26,12 +26,12 @@ class ConfigSources(BaseModel):
     def lines(self) -> list[str]:
         """The summary's lines: one per source, the defaults last."""
         if self.deployment is None:
-            return ["Settings: this run's config; keys it does not give have the defaults of eagle3/config.py."]
+            return ["Settings: this run's config; keys it does not give have the defaults of eagle3/config/."]
         return [
             f"Settings given by this run: {', '.join(self.given) or 'none'}"
             + (f" (replacing the deployment's {', '.join(self.overridden)})" if self.overridden else ""),
             f"Settings of the deployment `{self.deployment}` kept: {', '.join(self.kept) or 'none'}",
-            "Every other key: the default of eagle3/config.py.",
+            "Every other key: the default of eagle3/config/.",
         ]
 
 

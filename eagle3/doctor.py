@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig, dump_root
+from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig
 from eagle3.model_files import read_model_facts, resolve_model
 from eagle3.serving.layers import LayerMappingError, SGLangLayers, extraction_layers
 from eagle3.serving.server import ServerError, SGLangServer, server_device
 from eagle3.store import dump_protocol as proto
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import RunPaths, dump_root
 from eagle3.store.run_store import PreparedSample
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -88,7 +88,7 @@ def run_doctor(
     model_dir = _check_model(cfg, report)
     _check_environment(cfg.server, report, env)
     layers = _check_layers(cfg.extract, report, model_dir) if model_dir else None
-    dump_dir = dump_root(cfg.run_dir, cfg.extract)
+    dump_dir = dump_root(cfg.run_dir, cfg.extract.dump_dir)
     _check_space(report, "store space", Path(cfg.run_dir), min_free_gb)
     _check_space(report, "dump space", dump_dir, min_free_gb)
     if not launch:

@@ -31,9 +31,9 @@ def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> Ext
 
     Args:
         config: The run directory to extract (prepare must have run), the target model, the engine (`server`)
-            and the extract settings (eagle3/config.py, docs/formats.md).
+            and the extract settings (eagle3/config/, docs/formats.md).
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
-            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
+            takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, _ = deployment_config(
         config, overrides

@@ -40,7 +40,7 @@ def extract_fanout_flow(
     Args:
         config: The run: its run directory, model and engine, and the extract settings every child uses.
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
-            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
+            takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
         work_queues: One child flow run per work queue, e.g. [node-1, node-2]: start each node's worker with
             `--work-queue <its queue>`. Empty: `nodes` children on the deployment's own queue.
         nodes: How many children to start when `work_queues` is empty.

@@ -31,9 +31,9 @@ def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | S
 
     Args:
         config: The run: its own run directory (the store), the target model, the stages, and one section of
-            settings per stage (eagle3/config.py, docs/formats.md).
+            settings per stage (eagle3/config/, docs/formats.md).
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
-            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
+            takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)

@@ -55,9 +55,9 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
 
     Args:
         config: The converted run directory to train on, the target model, and the train and evaluate settings
-            (eagle3/config.py, docs/formats.md).
+            (eagle3/config/, docs/formats.md).
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
-            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
+            takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)

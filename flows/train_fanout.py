@@ -34,7 +34,7 @@ def train_fanout_flow(
         deployment: The deployment each node runs (flow/deployment).
         poll_s: Seconds between looks at the metrics and the nodes' states.
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
-            takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
+            takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
     model_dir = resolve_model_task(config)

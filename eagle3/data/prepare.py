@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ import pyarrow as pa
 
 from eagle3.config import DataConfig, DataSource, PipelineConfig
 from eagle3.data.chat import ChatTokenizer, RowError, RowFormat, normalize_row, sample_id
-from eagle3.data.source_files import SourceError, SourceFile, file_sha256, is_saved_dataset, list_source_files
-from eagle3.data.sources import SourceError as HubSourceError
-from eagle3.data.sources import data_sources, hub_fingerprint, hub_name, is_hub, load_hub
+from eagle3.data.sources.common import RawRow, Rows, SourceError, SourceFile, chain_rows, data_sources, file_sha256
+from eagle3.data.sources.hub import hub_fingerprint, hub_name, is_hub, read_hub
+from eagle3.data.sources.local import list_source_files, read_local
+from eagle3.data.sources.saved import is_saved_dataset
 from eagle3.data.synthesis_key import SYNTH, check_synthesis, legacy_current
 from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
@@ -52,18 +53,7 @@ class StoreMismatchError(PrepareError):
     """The run directory holds samples prepared from other data or settings."""
 
 
-@dataclass(frozen=True)
-class RawRow:
-    """One input row, or the reason it could not even be read (bad JSON, bad UTF-8)."""
-
-    file: str
-    row: int
-    data: dict[str, Any] | None
-    error: str | None = None
-    origin: str | None = None  # `source` to record instead of "<file>:<row>" (synthesize keeps the original)
-
-
-# reading -----------------------------------------------------------------------------------------
+# reading: the readers of eagle3/data/sources/, picked per source ---------------------------------
 def _one_local_source(data: DataConfig) -> DataSource | None:
     """The source when `data` names one local file, folder or glob (taken in file by file), else None."""
     sources = data_sources(data)
@@ -88,12 +78,12 @@ def _source_unit(i: int, source: DataSource) -> SourceFile:
 
 def source_files(data: DataConfig) -> list[SourceFile]:
     """What the dataset consists of now, each fingerprinted: the files of one local file, folder or glob
-    (eagle3.data.source_files), or one unit per source of a Hub dataset or a list (eagle3.data.sources)."""
+    (eagle3.data.sources.local), or one unit per source of a Hub dataset or a list (eagle3.data.sources.hub)."""
     try:
         if _one_local_source(data) is not None:
             return list_source_files(data.dataset)
         return [_source_unit(i, s) for i, s in enumerate(data_sources(data))]
-    except (SourceError, HubSourceError) as e:
+    except SourceError as e:
         raise DatasetUnreadableError(str(e)) from None
 
 
@@ -109,110 +99,28 @@ def dataset_fingerprint(data: DataConfig, files: list[SourceFile] | None = None)
     return h.hexdigest()
 
 
-def _is_json_lines(path: Path) -> bool:
-    with open(path, "rb") as f:
-        head = f.read(4096).lstrip()
-    return not head.startswith(b"[")
-
-
-def read_json_lines(path: Path, file: str | None = None) -> Iterator[RawRow]:
-    """Each non-blank line is a row; a line that is not UTF-8 JSON is a row with an error."""
-    name = file or str(path)
-    with open(path, "rb") as f:
-        for i, raw in enumerate(f):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as e:
-                yield RawRow(name, i, None, f"not decodable as UTF-8 ({e.reason} at byte {e.start})")
-                continue
-            except json.JSONDecodeError as e:
-                yield RawRow(name, i, None, f"not valid JSON ({e.msg} at column {e.colno})")
-                continue
-            if isinstance(obj, dict):
-                yield RawRow(name, i, obj)
-            else:
-                yield RawRow(name, i, None, f"unknown schema: the row is a JSON {type(obj).__name__}, not an object")
-
-
-def _count_lines(path: Path) -> int:
-    with open(path, "rb") as f:
-        return sum(1 for line in f if line.strip())
-
-
-def _read_file(path: Path, name: str) -> tuple[int, Iterator[RawRow]]:
-    if path.suffix in (".jsonl", ".json") and _is_json_lines(path):
-        return _count_lines(path), read_json_lines(path, name)
-    import datasets  # only for what JSON Lines is not: Parquet, JSON arrays
-
-    builder = "parquet" if path.suffix == ".parquet" else "json"
-    ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
-    total = 0
-    if builder == "parquet":
-        import pyarrow.parquet as pq
-
-        total = pq.ParquetFile(path).metadata.num_rows
-    return total, (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
-
-
-def _read_saved(path: Path, split: str) -> tuple[int, Iterator[RawRow]]:
-    import datasets
-
-    loaded = datasets.load_from_disk(str(path))
-    if isinstance(loaded, datasets.DatasetDict):
-        if split not in loaded:
-            raise DatasetUnreadableError(f"{path}: no split {split!r} (splits: {sorted(loaded)}); set data.split")
-        loaded = loaded[split]
-    ds: Any = loaded
-    return len(ds), (RawRow(str(path), i, dict(row)) for i, row in enumerate(ds))
-
-
-def _chain(parts: list[tuple[int, Iterator[RawRow]]]) -> tuple[int, Iterator[RawRow]]:
-    total = 0 if any(n == 0 for n, _ in parts) else sum(n for n, _ in parts)
-    return total, itertools.chain.from_iterable(rows for _, rows in parts)
-
-
-def _read_local(source: DataSource, files: list[SourceFile] | None) -> tuple[int, Iterator[RawRow]]:
-    """`files` of a local file, folder or glob (default: all of them); a save_to_disk directory is read whole."""
-    path = Path(source.dataset)
-    try:
-        listed = list_source_files(source.dataset) if files is None or is_saved_dataset(path) else files
-    except SourceError as e:
-        raise DatasetUnreadableError(str(e)) from None
-    if is_saved_dataset(path):
-        return _read_saved(path, source.split)
-    return _chain([_read_file(f.path, f.name) for f in listed])
-
-
-def _read_source(source: DataSource) -> tuple[int, Iterator[RawRow]]:
+def _read_source(source: DataSource) -> Rows:
     """All rows of one source (a Hub dataset or a local one), cut at its max_samples."""
-    rows: Iterator[RawRow]
-    if is_hub(source):
-        try:
-            ds = load_hub(source)
-        except HubSourceError as e:
-            raise DatasetUnreadableError(str(e)) from None
-        name = hub_name(source)
-        total, rows = len(ds), (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
-    else:
-        total, rows = _read_local(source, None)
+    total, rows = read_hub(source) if is_hub(source) else read_local(source, None)
     if source.max_samples is not None:
         rows = itertools.islice(rows, source.max_samples)
         total = min(total, source.max_samples) if total else 0
     return total, rows
 
 
-def read_rows(data: DataConfig, files: list[SourceFile] | None = None) -> tuple[int, Iterator[RawRow]]:
+def read_rows(data: DataConfig, files: list[SourceFile] | None = None) -> Rows:
     """(number of rows, or 0 when unknown; the rows in input order) of `files` (default: all of the dataset's,
     as source_files lists them). One local source is read file by file; Hub sources and the entries of a list
     whole."""
-    one = _one_local_source(data)
-    if one is not None:
-        return _read_local(one, files)
-    names = None if files is None else {f.name for f in files}
-    sources = data_sources(data)
-    return _chain([_read_source(s) for i, s in enumerate(sources) if names is None or _unit_name(i, s) in names])
+    try:
+        one = _one_local_source(data)
+        if one is not None:
+            return read_local(one, files)
+        names = None if files is None else {f.name for f in files}
+        sources = [s for i, s in enumerate(data_sources(data)) if names is None or _unit_name(i, s) in names]
+        return chain_rows([_read_source(s) for s in sources])
+    except SourceError as e:
+        raise DatasetUnreadableError(str(e)) from None
 
 
 # writing -----------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from eagle3.config import EvaluateConfig, PipelineConfig, SynthesizeConfig
 from eagle3.data.chat import ChatTokenizer, Message, RowError
 from eagle3.data.dedup import dedup, normalize
-from eagle3.data.synthesize import (
+from eagle3.data.generate import (
     HEARTBEAT_S,
     LockedCounter,
     Turn,

@@ -61,7 +61,7 @@ class RowSampler(LogitsProcessor):
         self.step = 0  # generate calls once per new token: the row's position in its answer
 
     def keep(self, rows: torch.Tensor) -> None:
-        """The batch now holds only `rows` (ascending indices into it; eagle3.data.decode drops finished rows):
+        """The batch now holds only `rows` (ascending indices into it; eagle3.data.decode_loop drops finished rows):
         the sampled rows among them keep their seeds and temperatures, and the step count goes on."""
         kept = torch.isin(self.rows, rows)
         self.rows = torch.searchsorted(rows, self.rows[kept])

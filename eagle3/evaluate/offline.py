@@ -29,12 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from eagle3.config import EvaluateConfig
 from eagle3.data.chat import ChatTokenizer, RowError
 from eagle3.data.eval_sets import EvalError, chat_rows, humaneval_rows, prompt_messages
-from eagle3.data.synthesize import stop_token_ids
-from eagle3.device import resolve_device, torch_device
+from eagle3.data.generate import stop_token_ids
+from eagle3.device import load_causal_lm, resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
-from eagle3.evaluate.decode import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
-from eagle3.extract.engines.transformers_engine import load_causal_lm
+from eagle3.evaluate.speculative import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_json, read_json
 from eagle3.store.paths import RunPaths
@@ -317,7 +316,7 @@ def summarize(
 def load_target(model_dir: Path, aux_layers: list[int], *, device: str, dtype: str) -> Target:
     if dtype not in DTYPES:
         raise EvalError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
-    model = load_causal_lm(Path(model_dir), torch_device(device), DTYPES[dtype])
+    model = load_causal_lm(Path(model_dir), DTYPES[dtype], torch_device(device))
     chat = ChatTokenizer.from_model_dir(Path(model_dir))
     return Target(model, list(aux_layers), frozenset(stop_token_ids(model, chat)))
 

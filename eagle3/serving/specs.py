@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from eagle3.config import PipelineConfig, ServerConfig, ServerSlot, dump_root
+from eagle3.config import PipelineConfig, ServerConfig, ServerSlot
 from eagle3.store.fsio import safe_name
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import RunPaths, dump_root
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def server_specs(cfg: PipelineConfig, *, host: str, separate_dumps: bool = False
     flow run, maybe on another node, shares the run directory and its default dump directory)."""
     slots = cfg.server.servers or [ServerSlot(url=cfg.server.url)]  # type: ignore[call-arg]
     separate = separate_dumps or len(slots) > 1
-    base_dump = dump_root(cfg.run_dir, cfg.extract)
+    base_dump = dump_root(cfg.run_dir, cfg.extract.dump_dir)
     specs = []
     for i, slot in enumerate(slots):
         port = slot.port if slot.port is not None else cfg.server.port + i

@@ -7,7 +7,7 @@
     <run_dir>/shards/shard-NNNNN/manifest.json, <sample_id>.safetensors
     <run_dir>/leases/shard-NNNNN.lease                 who extracts a shard (eagle3/store/lease.py)
     <run_dir>/quarantine/shard-NNNNN/                  bad and orphan sample files (eagle3/store/verify.py)
-    <run_dir>/dump/                                    the default extract.dump_dir
+    <run_dir>/dump/                                    the default extract.dump_dir (dump_root)
     <run_dir>/vocab_map.safetensors, index.arrow, convert.json       the convert stage's outputs
     <run_dir>/train/job.json, train.log, metrics.jsonl, curves.png, tb/, checkpoints/    TrainPaths
     <run_dir>/train/job-nodeN.json, train-nodeN.log, rendezvous/<token>.json  nodes 1.. of a multi-node training
@@ -274,3 +274,10 @@ class RunPaths:
     @property
     def doctor_log_dir(self) -> Path:
         return self.root / "doctor"
+
+
+def dump_root(run_dir: str | Path, dump_dir: str | None) -> Path:
+    """The dump directory of the sglang engine: `dump_dir` (extract.dump_dir), else `<run_dir>/dump` (the store's
+    filesystem, so moving a dump in is a rename). Several servers of one run each get a directory below it
+    (eagle3/serving/specs.py)."""
+    return Path(dump_dir) if dump_dir else RunPaths(run_dir).default_dump_dir

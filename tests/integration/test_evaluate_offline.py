@@ -18,7 +18,6 @@ from eagle3.data.eval_sets import HUMANEVAL_REQUEST, EvalError
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend
-from eagle3.evaluate.decode import EagleDrafter, Target, greedy_decode, speculative_decode
 from eagle3.evaluate.offline import (
     OfflineEvalResult,
     evaluate_offline,
@@ -27,6 +26,7 @@ from eagle3.evaluate.offline import (
     load_target,
     summarize,
 )
+from eagle3.evaluate.speculative import EagleDrafter, Target, greedy_decode, speculative_decode
 from eagle3.store.fsio import atomic_write_json, read_json
 from eagle3.store.run_store import RunInfo
 

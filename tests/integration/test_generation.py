@@ -1,9 +1,9 @@
 """In-process generation (synthesize, the prompts stage) on the demo model: the static KV cache that a GPU uses by
-default, decoded by our own loop (eagle3.data.decode; eager here: the CUDA graph it replays on a GPU needs one), gives
-the same tokens as transformers' generate with the dynamic cache, greedy and per-row sampled, on the first 64 demo
-prompts, and so does generate's own static cache with prompts left-padded to a multiple of STATIC_PAD_MULTIPLE tokens
-(what models the loop does not fit get); the progress callback, called every few decode steps instead of every step,
-still adds up to every generated token.
+default, decoded by our own loop (eagle3.data.decode_loop; eager here: the CUDA graph it replays on a GPU needs
+one), gives the same tokens as transformers' generate with the dynamic cache, greedy and per-row sampled, on the
+first 64 demo prompts, and so does generate's own static cache with prompts left-padded to a multiple of
+STATIC_PAD_MULTIPLE tokens (what models the loop does not fit get); the progress callback, called every few decode
+steps instead of every step, still adds up to every generated token.
 
 Compared in float32: in bfloat16 the dynamic cache itself answers a prompt differently in a batch of 64 than alone
 (row 0: "L'Étoile, la Marseillaise," vs "The capital of France is Paris."; 14 of 64 rows differ between the two
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from eagle3.config import ServerConfig, SynthesizeConfig
-from eagle3.data import decode, synthesize
+from eagle3.data import decode_loop, generate
 from eagle3.data.chat import ChatTokenizer
-from eagle3.data.synthesize import PROGRESS_EVERY_STEPS, STATIC_PAD_MULTIPLE, generate_batch, load_model
+from eagle3.data.generate import PROGRESS_EVERY_STEPS, STATIC_PAD_MULTIPLE, generate_batch, load_model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_s
     target: tuple[object, ChatTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, chat = target
-    assert decode.fits(model)  # so static_cache=True below is our loop
+    assert decode_loop.fits(model)  # so static_cache=True below is our loop
     prompts = first_prompts(chat, 64)
     scfg = SynthesizeConfig(max_new_tokens=24, temperature=0.0, batch_size=64)
     greedy = generate_batch(model, chat, prompts, scfg, static_cache=False)
@@ -60,7 +60,7 @@ def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_s
     # a model the loop does not fit: generate's static cache, its prompts padded further than the dynamic batch's
     longest = max(len(chat.tokenizer(p, add_special_tokens=False).input_ids) for p in prompts)
     assert longest % STATIC_PAD_MULTIPLE
-    monkeypatch.setattr(decode, "fits", lambda model: False)
+    monkeypatch.setattr(decode_loop, "fits", lambda model: False)
     static = generate_batch(model, chat, prompts, scfg, static_cache=True)
     assert [t.text for t in static] == [t.text for t in greedy]
 
@@ -77,10 +77,12 @@ def test_rows_that_finished_leave_the_batch_and_the_others_keep_their_tokens_gre
     sampling = [(0.8 if i % 2 else 0.0, 2000 + i) for i in range(16)]
     want = [generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=False) for rows in (None, sampling)]
     compactions: list[int] = []
-    compact = decode._compact
-    monkeypatch.setattr(decode, "_compact", lambda cache, keep: (compactions.append(len(keep)), compact(cache, keep)))
-    monkeypatch.setattr(decode, "COMPACT_BELOW", 1.0)
-    monkeypatch.setattr(synthesize, "PROGRESS_EVERY_STEPS", 1)
+    compact = decode_loop._compact
+    monkeypatch.setattr(
+        decode_loop, "_compact", lambda cache, keep: (compactions.append(len(keep)), compact(cache, keep))
+    )
+    monkeypatch.setattr(decode_loop, "COMPACT_BELOW", 1.0)
+    monkeypatch.setattr(generate, "PROGRESS_EVERY_STEPS", 1)
     for rows, w in zip((None, sampling), want, strict=True):
         compactions.clear()
         reported: list[int] = []
@@ -95,7 +97,7 @@ def test_progress_is_reported_every_few_steps_and_adds_up_to_the_generated_token
     target: tuple[object, ChatTokenizer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model, chat = target
-    monkeypatch.setattr(synthesize, "PROGRESS_EVERY_S", 1e9)  # the step cadence alone (a slow CPU adds reports)
+    monkeypatch.setattr(generate, "PROGRESS_EVERY_S", 1e9)  # the step cadence alone (a slow CPU adds reports)
     calls: list[int] = []
     scfg = SynthesizeConfig(max_new_tokens=2 * PROGRESS_EVERY_STEPS + 3, temperature=0.0, batch_size=4)
     turns = generate_batch(model, chat, first_prompts(chat, 4), scfg, calls.append)
@@ -117,8 +119,10 @@ def test_the_decode_loop_gives_the_tokens_of_generate_on_every_architecture_it_d
     compared on the demo model's trained weights above."""
     model = load_model(tiny_models[arch], ServerConfig(device="cpu", dtype="float32"))
     chat = ChatTokenizer.from_model_dir(tiny_models[arch])
-    assert decode.fits(model)
-    assert not decode.fits(load_model(tiny_models["GptOssForCausalLM"], ServerConfig(device="cpu", dtype="float32")))
+    assert decode_loop.fits(model)
+    assert not decode_loop.fits(
+        load_model(tiny_models["GptOssForCausalLM"], ServerConfig(device="cpu", dtype="float32"))
+    )
     texts = ["Hi, who are you?", "Write a poem about the sea, the sky and a cat on a boat.", "2+2?"]
     prompts = [chat.render([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
     scfg = SynthesizeConfig(max_new_tokens=12, temperature=0.0, batch_size=4)

@@ -7,7 +7,7 @@ server, float32 (in bf16 a 4-token verify and a 1-token decode round differently
 * the target side: draft -> chain verify -> commit must give exactly the plain server's greedy output, and every
   request must report its speculation (meta_info.spec_verify_ct, spec_accept_length);
 * the draft side: a random draft is never accepted, so acceptance says nothing about it. Instead every round's
-  drafted chain (traced in the server) must equal what our own offline drafter (eagle3/evaluate/decode.py,
+  drafted chain (traced in the server) must equal what our own offline drafter (eagle3/evaluate/speculative.py,
   EagleDrafter, on the exported weights) proposes at the same point: draft extend, each draft decode step's
   attention over the draft KV cache, the hidden-state chaining and the vocab map all have to be right for that.
 """
@@ -25,9 +25,9 @@ from safetensors.torch import load_file
 
 from eagle3.config import EvaluateConfig
 from eagle3.draft.model import DraftConfig, Eagle3Draft
-from eagle3.evaluate.decode import EagleDrafter, speculative_decode
 from eagle3.evaluate.live import eagle3_cli_args, serve_and_measure, speculative_args
 from eagle3.evaluate.offline import load_target
+from eagle3.evaluate.speculative import EagleDrafter, speculative_decode
 from tests.integration.sglang_support import AUX, export_random_draft, require_sglang_env, sglang_config
 from tests.ports import free_port
 

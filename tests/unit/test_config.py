@@ -144,3 +144,14 @@ def test_writer_threads_has_one_default_for_the_flow_and_for_callers_without_a_c
     assert inspect.signature(extract_shard).parameters["writer_threads"].default == WRITER_THREADS
     with pytest.raises(ValidationError, match="writer_threads"):
         ExtractConfig(writer_threads=0)
+
+
+@pytest.mark.parametrize("key", ["evaluate.live", "train.compile"])
+def test_every_auto_on_off_setting_takes_the_documented_words_and_yamls_booleans_through_set(key: str) -> None:
+    """`--set evaluate.live=off` reaches the config as YAML's `false`: it means `off`, as it does for train.compile."""
+    section, name = key.split(".")
+    for written, meant in [("off", "off"), ("on", "on"), ("false", "off"), ("true", "on"), ("auto", "auto")]:
+        cfg = load_config(None, [f"{key}={written}"])
+        assert getattr(getattr(cfg, section), name) == meant, written
+    with pytest.raises(ConfigError, match=rf"{key}: Input should be 'auto', 'on' or 'off'"):
+        load_config(None, [f"{key}=sometimes"])

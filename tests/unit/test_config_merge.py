@@ -70,7 +70,7 @@ def test_the_summary_says_which_keys_the_run_gave_kept_from_the_deployment_and_r
 def test_a_run_without_a_deployment_says_its_config_is_its_own() -> None:
     from eagle3.config_merge import ConfigSources
 
-    assert "defaults of eagle3/config.py" in ConfigSources().lines()[0]
+    assert "defaults of eagle3/config/" in ConfigSources().lines()[0]
 
 
 def test_a_bad_given_key_is_refused_naming_it() -> None:

@@ -1,4 +1,4 @@
-"""How synthesize and the prompts stage cut their prompts into batches (eagle3.data.synthesize.generate_batches):
+"""How synthesize and the prompts stage cut their prompts into batches (eagle3.data.generate.generate_batches):
 the default batch for where the model lives, and a batch the GPU cannot hold generated again in halves. The
 out-of-memory error is raised by a fake generate_batch: this machine has no GPU to run out of."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from eagle3.config import SynthesizeConfig
-from eagle3.data import synthesize
-from eagle3.data.synthesize import CPU_BATCH, Turn, batch_size, generate_batches
+from eagle3.data import generate
+from eagle3.data.generate import CPU_BATCH, Turn, batch_size, generate_batches
 
 
 def test_the_default_batch_is_the_cpus_for_a_model_on_the_cpu_and_a_set_one_wins() -> None:
@@ -32,7 +32,7 @@ def test_a_batch_the_gpu_cannot_hold_is_generated_again_in_halves_fake_oom(
         assert [s[1] for s in sampling] == [int(p) for p in prompts]  # each prompt keeps its own seed
         return [Turn(text=f"answer {p}", finish_reason="stop", tokens=1) for p in prompts]
 
-    monkeypatch.setattr(synthesize, "generate_batch", fake_generate_batch)
+    monkeypatch.setattr(generate, "generate_batch", fake_generate_batch)
     prompts = [str(i) for i in range(11)]
     out = list(generate_batches(torch.nn.Linear(2, 2), None, prompts, SynthesizeConfig(batch_size=8), print,
                                 [(0.0, i) for i in range(11)]))  # fmt: skip
@@ -47,7 +47,7 @@ def test_one_prompt_the_gpu_cannot_hold_is_an_error_fake_oom(monkeypatch: pytest
     def fake_generate_batch(*args: Any) -> Any:
         raise torch.cuda.OutOfMemoryError("CUDA out of memory (fake)")
 
-    monkeypatch.setattr(synthesize, "generate_batch", fake_generate_batch)
+    monkeypatch.setattr(generate, "generate_batch", fake_generate_batch)
     with pytest.raises(torch.cuda.OutOfMemoryError):
         list(generate_batches(torch.nn.Linear(2, 2), None, ["0", "1"], SynthesizeConfig(batch_size=2), print,
                               [(0.0, 0), (0.0, 1)]))  # fmt: skip

@@ -10,7 +10,8 @@ import pytest
 
 from eagle3.config import PipelineConfig
 from eagle3.data.prepare import PrepareError, prepare
-from eagle3.data.source_files import SourceError, file_sha256, list_source_files
+from eagle3.data.sources.common import SourceError, file_sha256
+from eagle3.data.sources.local import list_source_files
 from eagle3.store.run_store import RunStore
 
 

@@ -1,4 +1,4 @@
-"""Datasets by name (eagle3/data/sources.py): a dataset repository directory goes through the same
+"""Datasets by name (eagle3/data/sources/hub.py): a dataset repository directory goes through the same
 datasets.load_dataset call as a Hub id (offline here), lists of sources with a max_samples each, and an id that
 cannot be reached is an error that names it and says how to pre-download it."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from eagle3.config import DataSource, PipelineConfig
 from eagle3.data.prepare import PrepareError, dataset_fingerprint, prepare
-from eagle3.data.sources import is_hub
+from eagle3.data.sources.hub import is_hub
 from eagle3.store.run_store import RunStore
 
 

@@ -33,9 +33,9 @@ def build_engine(
     models: LoadedModels | None = None,
 ) -> Engine:
     """The engine named by `server.engine`, for the model in `model_dir`: the one place an engine is built (one
-    server of several comes here too, through eagle3/servers.py). Loading weights or launching a server happens
+    server of several comes here too, through eagle3/serving/specs.py). Loading weights or launching a server happens
     on first use, so building one is cheap. One server of several gives its own `device` (transformers), or its
-    own `dump_dir` and `log_dir` (sglang); None: the section's (`server.device`, `config.dump_root`,
+    own `dump_dir` and `log_dir` (sglang); None: the section's (`server.device`, `eagle3.store.paths.dump_root`,
     `<run_dir>/server`). `base_env` and `on_line` are the sglang server's environment (required there: the caller
     reads it, the library never reads os.environ) and log line sink. `models` (transformers): the weights this
     engine shares with others (a server pool's engines: one copy); None: its own."""

@@ -36,14 +36,14 @@ import httpx
 import torch
 from safetensors import safe_open
 
-from eagle3.config import PipelineConfig, dump_root
+from eagle3.config import PipelineConfig
 from eagle3.extract.engines.base import Dumped, EngineInfo, Failed, Outcome
 from eagle3.model_files import read_model_facts
 from eagle3.serving.layers import extraction_layers
 from eagle3.serving.server import LineFn, ServerError, SGLangServer
 from eagle3.store import dump_protocol as proto
 from eagle3.store.fsio import remove_stale_temps
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import RunPaths, dump_root
 from eagle3.store.run_store import DTYPES, PreparedSample
 from eagle3.store.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
 
@@ -65,7 +65,7 @@ def build_sglang_engine(
     log_dir: Path | None = None,
 ) -> SGLangEngine:
     """The engine for `server.engine: sglang`, owning the server it launches (or attaches to): dumps under
-    `dump_dir` (default `config.dump_root`: extract.dump_dir, else <run_dir>/dump, the store's filesystem, so
+    `dump_dir` (default `store.paths.dump_root`: extract.dump_dir, else <run_dir>/dump, the store's filesystem, so
     moving a dump in is a rename), the server log under `log_dir` (default <run_dir>/server/). `base_env`: the
     environment a launched server starts from (the caller's: a task or the CLI reads os.environ, never this module)."""
     run_dir = Path(cfg.run_dir)
@@ -75,7 +75,7 @@ def build_sglang_engine(
         cfg,
         model_dir,
         proto.run_id_of(run_dir),
-        dump_dir or dump_root(run_dir, cfg.extract),
+        dump_dir or dump_root(run_dir, cfg.extract.dump_dir),
         base_env=base_env,
         on_line=on_line,
         log_dir=log_dir,

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from eagle3.device import torch_device
+from eagle3.device import load_causal_lm, torch_device
 from eagle3.extract.engines.base import Captured, EngineInfo, Failed, Outcome
 from eagle3.model_files import read_model_facts
 from eagle3.serving.aux_layers import resolve_aux_layers
@@ -32,15 +32,6 @@ from eagle3.store.sample_format import FP8_NAME, quantize_fp8
 
 CONVENTION = "hf_hidden_states"
 INFLIGHT = 2  # launched batches queued on the device while the host hands one on (2 vs 1: +11%, docs/performance.md)
-
-
-def load_causal_lm(model_dir: Path, device: torch.device, dtype: torch.dtype) -> Any:
-    """AutoModelForCausalLM in eval mode on `device`. No process-wide cache: the caller holds the weights as long
-    as it needs them (see LoadedModels)."""
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    return model.to(device).eval()
 
 
 _hint = threading.local()
@@ -88,7 +79,7 @@ class LoadedModels:
         key = (str(Path(model_dir).resolve()), str(device), str(dtype))
         with self._lock:
             if key not in self._models:
-                self._models[key] = load_causal_lm(model_dir, device, dtype)
+                self._models[key] = load_causal_lm(model_dir, dtype, device)
             return self._models[key]
 
     def clear(self) -> None:

@@ -1,15 +1,13 @@
-"""Where input rows come from: local files (prepare's readers), Hugging Face Hub datasets by name, lists of both.
+"""Hugging Face Hub datasets by name, and dataset repository directories: read through datasets.load_dataset.
 
-    DataSource(dataset, subset, split, revision, max_samples)   one source (the `data.sources` entries)
-    data_sources(data)             the sources of a DataConfig: `data.sources`, or the one `data.dataset` names
     is_hub(source)                 no local path of that name: a Hub dataset id, read through datasets.load_dataset
     load_hub(source)               the Hub dataset (from the local cache when offline); an id that cannot be
                                    reached is a SourceError that names it and says how to pre-download it
     hub_fingerprint(source)        the loaded dataset's own fingerprint (datasets hashes its files)
+    read_hub(source)               its rows, named `org/name[subset]:split:<row>`
 
 A local directory that is a dataset repository (data files, no save_to_disk state) is read through the same
-`datasets.load_dataset` call as a Hub id: the path the tests use offline. prepare calls these; it still owns
-the local readers (JSON lines, Parquet, save_to_disk directories).
+`datasets.load_dataset` call as a Hub id: the path the tests use offline.
 """
 
 from __future__ import annotations
@@ -18,12 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import DataSource
-from eagle3.data.source_files import is_saved_dataset
-
-
-class SourceError(RuntimeError):
-    """A source that cannot be read; the message names it and the fix."""
-
+from eagle3.data.sources.common import RawRow, Rows, SourceError
+from eagle3.data.sources.saved import is_saved_dataset
 
 _SPLITS = ("train", "test", "validation", "valid", "dev")
 
@@ -31,7 +25,7 @@ _SPLITS = ("train", "test", "validation", "valid", "dev")
 def is_dataset_repository(path: Path) -> bool:
     """A directory laid out as a Hub dataset repository: a dataset card (README.md), or data files named by split
     under data/ (data/train.jsonl, data/train-00000-of-00001.parquet). Any other folder of files is a growing
-    dataset (eagle3/data/source_files.py), taken in file by file."""
+    dataset (eagle3/data/sources/local.py), taken in file by file."""
     if not path.is_dir() or is_saved_dataset(path):
         return False
     data = path / "data"
@@ -53,14 +47,6 @@ def hub_name(source: DataSource) -> str:
     """How bad rows name a Hub source: `org/name[subset]:split` (then `:<row>`)."""
     subset = f"[{source.subset}]" if source.subset else ""
     return f"{source.dataset}{subset}:{source.split}"
-
-
-def data_sources(data: Any) -> list[DataSource]:
-    """The sources of a DataConfig: `data.sources`, or the one that `dataset`, `subset`, `split`, `revision` name."""
-    if data.sources:
-        return list(data.sources)
-    one = {"dataset": data.dataset, "subset": data.subset, "split": data.split, "revision": data.revision}
-    return [DataSource.model_validate(one)]
 
 
 def load_hub(source: DataSource) -> Any:
@@ -91,3 +77,9 @@ def load_hub(source: DataSource) -> Any:
 def hub_fingerprint(source: DataSource) -> str:
     ds = load_hub(source)
     return f"{source.model_dump_json()}:{getattr(ds, '_fingerprint', '')}"
+
+
+def read_hub(source: DataSource) -> Rows:
+    ds = load_hub(source)
+    name = hub_name(source)
+    return len(ds), (RawRow(name, i, dict(row)) for i, row in enumerate(ds))
