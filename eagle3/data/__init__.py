@@ -3,5 +3,5 @@ source_files.py), chat templates and loss masks (chat.py), prepare (prepare.py),
 (prompts.py, dedup.py), synthesized replies and user turns (synthesize.py, user_turns.py, row_sampler.py), and
 the evaluation sets' prompts (eval_sets.py), which the prompts stage keeps out of the corpus.
 
-May import: eagle3.config, eagle3.device, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.serving
+May import: eagle3.config, eagle3.device, eagle3.progress, eagle3.store, eagle3.target, eagle3.serving
 """
