@@ -44,8 +44,9 @@ from disk_probe import write_bandwidth  # bench/, beside this script
 from eagle3.config import PipelineConfig
 from eagle3.extract.engines.transformers_engine import INFLIGHT, TransformersEngine, length_batches, rows_not_packed
 from eagle3.extract.shard import WRITER_THREADS, extract_shard, open_run
-from eagle3.model_files import ModelFacts, read_model_facts, resolve_model, tokenizer_fingerprint
 from eagle3.store.run_store import DTYPES, PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunStore
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import ModelFacts, read_model_facts, tokenizer_fingerprint
 from eagle3.versions import library_versions
 
 MB = 1 << 20

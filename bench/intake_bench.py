@@ -32,8 +32,9 @@ from eagle3.config import PipelineConfig
 from eagle3.data.prepare import prepare
 from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.extract.shard import extract_shard, open_run, shard_is_complete
-from eagle3.model_files import TOKENIZER_FILES, resolve_model
 from eagle3.store.run_store import RunStore
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import TOKENIZER_FILES
 
 AUX = [1, 2, 3]
 

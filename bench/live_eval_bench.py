@@ -30,10 +30,11 @@ from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.evaluate.live import LiveEvalResult, ServerRun, evaluate_live, serve_and_measure
-from eagle3.model_files import model_fingerprint, read_model_facts, resolve_model
 from eagle3.release.export import export_draft
 from eagle3.serving.server import server_device
 from eagle3.store.run_store import RunInfo, RunStore
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import model_fingerprint, read_model_facts
 
 REPO = Path(__file__).resolve().parents[1]
 

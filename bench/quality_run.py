@@ -48,10 +48,10 @@ from eagle3.draft.checkpoint import resolve_checkpoint, step_dir
 from eagle3.evaluate.offline import evaluate_offline, load_eval_sets
 from eagle3.extract.engines import build_engine
 from eagle3.extract.shard import extract_shard, open_run
-from eagle3.model_files import resolve_model
 from eagle3.progress import Progress
 from eagle3.store.paths import RunPaths, TrainPaths
 from eagle3.store.run_store import RunStore
+from eagle3.target.demo import resolve_model
 from eagle3.train.job import TrainJob
 from eagle3.train.trainer import Trainer
 

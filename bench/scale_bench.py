@@ -49,10 +49,11 @@ from eagle3.extract.engines import Engine, EngineInfo
 from eagle3.extract.engines.transformers_engine import LoadedModels
 from eagle3.extract.pool import build_server_engine
 from eagle3.extract.shard import extract_shard, open_run
-from eagle3.model_files import read_model_facts, resolve_model, tokenizer_fingerprint
 from eagle3.serving.specs import ServerSpec, server_specs
 from eagle3.store.lease import ShardLease
 from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import read_model_facts, tokenizer_fingerprint
 
 MB = 1 << 20
 SGLANG_PYTHON = Path(__file__).resolve().parents[1] / ".venv-sglang" / "bin" / "python"

@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from eagle3.config import PipelineConfig
 from eagle3.extract.engines.base import Dumped
 from eagle3.extract.engines.sglang_engine import SGLangEngine
-from eagle3.model_files import read_model_facts, resolve_model
 from eagle3.serving.layers import extraction_layers
 from eagle3.serving.server import SGLangServer
 from eagle3.store.run_store import PreparedSample
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import read_model_facts
 
 
 def make_samples(model_dir: Path, prompts: Path, n: int, tokens: int) -> list[PreparedSample]:

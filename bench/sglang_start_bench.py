@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from eagle3.config import ServerConfig
-from eagle3.model_files import ensure_demo_model
 from eagle3.serving.server import build_command, build_env
 from eagle3.store import dump_protocol as proto
+from eagle3.target.demo import ensure_demo_model
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,8 +36,8 @@ from eagle3.config import PipelineConfig
 from eagle3.data.chat import ChatTokenizer, normalize_row
 from eagle3.data.generate import prompt_ids, stop_token_ids_of
 from eagle3.data.synthesize import open_servers, synthesize
-from eagle3.model_files import resolve_model
 from eagle3.store.run_store import RunStore
+from eagle3.target.demo import resolve_model
 
 
 def config(

@@ -2,6 +2,7 @@
 
     config/    the one config tree: a section per stage, YAML and `--set` overrides in
     store/     the run directory: paths, RunStore, sample and dump formats, atomic files, lock, leases, verify
+    target/    the target model: a row per family (families.py), its files, the demo model, the tiny targets
     data/      rows in, prepared token ids out: sources, chat templates, prepare, prompts, synthesize
     serving/   SGLang servers: lifecycle, specs, records, keeper, generation requests, layer numbering
     extract/   one shard's extraction, the engines (SGLang, transformers), the server pool, the disk budget
@@ -16,11 +17,9 @@ checks these lines and each package's own "May import:" line; lower lines never 
 
     progress, device, versions, project_env:  nothing
     config_merge: eagle3.config
-    model_files:  eagle3.store
-    tiny_models:  eagle3.store, eagle3.model_files
-    doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
-    preflight:    eagle3.config, eagle3.model_files, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
-    cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.tiny_models, eagle3.store, eagle3.doctor
+    doctor:       eagle3.config, eagle3.target, eagle3.store, eagle3.serving, eagle3.extract
+    preflight:    eagle3.config, eagle3.target, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
+    cli:          eagle3.config, eagle3.progress, eagle3.target, eagle3.store, eagle3.doctor
 
 Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the
 entry point, imports Prefect and the flows inside the commands that run flows).

@@ -355,11 +355,13 @@ def _styled_status(status: str) -> str:
 
 # model -----------------------------------------------------------------------------------------
 def cmd_model(name: str, data_dir: Path, arch: str | None = None) -> int:
-    from eagle3.model_files import TESTED_ARCHITECTURES, ModelError, resolve_model
+    from eagle3.target.demo import resolve_model
+    from eagle3.target.families import TESTED_ARCHITECTURES
+    from eagle3.target.files import ModelError
 
     try:
         if name == "tiny":
-            from eagle3.tiny_models import ensure_tiny_model
+            from eagle3.target.tiny import ensure_tiny_model
 
             if arch is None:
                 raise ModelError(f"eagle3 model tiny ARCH: one of {', '.join(TESTED_ARCHITECTURES)}")

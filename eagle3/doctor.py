@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Literal
 
 from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig
-from eagle3.model_files import read_model_facts, resolve_model
 from eagle3.serving.layers import LayerMappingError, SGLangLayers, extraction_layers
 from eagle3.serving.server import ServerError, SGLangServer, server_device
 from eagle3.store import dump_protocol as proto
 from eagle3.store.paths import RunPaths, dump_root
 from eagle3.store.run_store import PreparedSample
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import read_model_facts
 
 Status = Literal["ok", "warn", "fail", "skip"]
 PROBE_TEXT = (

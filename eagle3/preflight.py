@@ -15,9 +15,9 @@ from eagle3.config import PipelineConfig
 from eagle3.data.prepare import dataset_fingerprint, mixing_differences
 from eagle3.data.synthesis_key import SYNTH, check_synthesis
 from eagle3.extract.shard import store_dtype_of
-from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.store.run_store import RunStore
+from eagle3.target.files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 
 NEW_RUN_DIR = (
     "Set the keys back to the store's values, or choose a new run_dir for the new settings (run_dir may contain "

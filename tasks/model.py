@@ -9,7 +9,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig, resolve_run_dir
-from eagle3.model_files import model_fingerprint, resolve_model
+from eagle3.target.demo import resolve_model
+from eagle3.target.files import model_fingerprint
 from tasks.artifacts import markdown_artifact, run_key
 
 MODEL_TIMEOUT_S = 30 * 60  # the demo install takes ~25 s; a model directory only a config read

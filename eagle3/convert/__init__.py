@@ -6,7 +6,7 @@
 
 Layer-index conventions and the file layouts: docs/formats.md.
 
-May import: eagle3.config, eagle3.progress, eagle3.model_files, eagle3.store
+May import: eagle3.config, eagle3.progress, eagle3.store, eagle3.target
 """
 
 from eagle3.convert.common import (

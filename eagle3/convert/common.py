@@ -92,7 +92,7 @@ class TargetModel(Record):
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> TargetModel:
-        from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
+        from eagle3.target.files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 
         path = Path(model_dir)
         facts = read_model_facts(path)

@@ -58,10 +58,11 @@ from eagle3.convert.store_writer import (
     require_empty,
 )
 from eagle3.convert.vocab import read_vocab_map
-from eagle3.model_files import LM_PREFIXES, weight_map
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_with, fsync_dir
 from eagle3.store.run_store import DTYPES, RunInfo, RunStore, now
+from eagle3.target.files import weight_map
+from eagle3.target.layout import LM_PREFIXES, text_config
 
 PEER = "speculators"
 CONVENTION = "vllm_input_of_layer"
@@ -85,7 +86,7 @@ class FinalNorm:
     def from_model_dir(cls, model_dir: str | Path) -> FinalNorm:
         path = Path(model_dir)
         cfg = json.loads((path / "config.json").read_text())
-        text = cfg.get("text_config", cfg)
+        text = text_config(cfg)
         eps = text.get("rms_norm_eps")
         if eps is None:
             raise PeerFormatError(f"{path / 'config.json'}: no rms_norm_eps; pass FinalNorm(weight, eps) yourself")

@@ -5,5 +5,5 @@ user_turns.py), generation with the target that both stages and the offline eval
 decode_loop.py, row_sampler.py), and the evaluation sets' prompts (eval_sets.py), which the prompts stage keeps
 out of the corpus.
 
-May import: eagle3.config, eagle3.device, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.serving
+May import: eagle3.config, eagle3.device, eagle3.progress, eagle3.store, eagle3.target, eagle3.serving
 """

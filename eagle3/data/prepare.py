@@ -31,10 +31,10 @@ from eagle3.data.sources.hub import hub_fingerprint, hub_name, is_hub, read_hub
 from eagle3.data.sources.local import list_source_files, read_local
 from eagle3.data.sources.saved import is_saved_dataset
 from eagle3.data.synthesis_key import SYNTH, check_synthesis, legacy_current
-from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_bytes
 from eagle3.store.run_store import DATA_MIX_KEYS, PREPARED_SCHEMA, BadRow, Intake, PreparedManifest, RunStore
+from eagle3.target.files import tokenizer_fingerprint
 
 
 class PrepareError(RuntimeError):

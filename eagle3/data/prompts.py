@@ -47,11 +47,11 @@ from eagle3.data.generate import (
     turn_of,
 )
 from eagle3.data.user_turns import clean_user_text, request_messages, sample_seed
-from eagle3.model_files import model_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.generation import GenerationClient, GenerationFailed, Server
 from eagle3.store.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json, safe_name
 from eagle3.store.paths import RunPaths
+from eagle3.target.files import model_fingerprint
 
 PENDING_ANSWER = "(to be answered by the target in synthesize)"  # never trained on: synthesize replaces it
 

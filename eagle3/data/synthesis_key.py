@@ -17,9 +17,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from eagle3.config import PipelineConfig
-from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
 from eagle3.store.fsio import read_json
 from eagle3.store.run_store import DATA_MIX_KEYS, PreparedManifest, RunStore
+from eagle3.target.files import model_fingerprint, tokenizer_fingerprint
 
 FORMAT = "eagle3-synthesized/3"
 SYNTH = "synthesized:"  # PreparedManifest.dataset of a synthesized prepared/ (eagle3.data.synthesize)

@@ -70,12 +70,12 @@ from eagle3.data.synthesis_key import (
     synthesized_key,
 )
 from eagle3.data.user_turns import clean_user_text, next_user_messages, sample_seed
-from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import Progress, ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.generation import GenerationClient, GenerationFailed, Server
 from eagle3.store.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json
 from eagle3.store.run_store import BadRow, Intake, PreparedManifest, RunStore, SynthesisOf
 from eagle3.store.sample_ids import sample_keys
+from eagle3.target.files import tokenizer_fingerprint
 
 log = logging.getLogger("eagle3.synthesize")
 

@@ -1,5 +1,5 @@
 """The EAGLE-3 draft: model (SGLang's layout), TTT loss, data over the store, held-out split, checkpoints,
 warm starts, and a trained draft loaded back for evaluation.
 
-May import: eagle3.config, eagle3.device, eagle3.progress, eagle3.model_files, eagle3.store, eagle3.convert
+May import: eagle3.config, eagle3.device, eagle3.progress, eagle3.store, eagle3.target, eagle3.convert
 """

@@ -19,10 +19,9 @@ from safetensors.torch import load_file
 
 from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
-from eagle3.model_files import LM_PREFIXES, weight_map
 from eagle3.store.fsio import read_json
-
-_HEAD_KEYS = ("lm_head.weight", "language_model.lm_head.weight")  # a causal LM's, a wrapper's (LM_PREFIXES)
+from eagle3.target.files import weight_map
+from eagle3.target.layout import HEAD_KEYS, LM_PREFIXES, text_config
 
 
 class TargetWeightsError(ValueError):
@@ -51,9 +50,9 @@ def target_head_keys(target_cfg: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """Candidate keys of the target's embedding and lm_head (tied: the embedding is the head), for
     load_target_tensors: a causal LM's, or a multimodal wrapper's around its language model."""
     embedding = tuple(p + "embed_tokens.weight" for p in LM_PREFIXES)
-    text = target_cfg.get("text_config", target_cfg)
+    text = text_config(target_cfg)
     tied = bool(text.get("tie_word_embeddings", target_cfg.get("tie_word_embeddings", False)))
-    return {"embedding": embedding, "lm_head": embedding if tied else _HEAD_KEYS}
+    return {"embedding": embedding, "lm_head": embedding if tied else HEAD_KEYS}
 
 
 def load_draft(

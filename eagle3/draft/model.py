@@ -32,6 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from eagle3.target.families import family_of
+from eagle3.target.layout import text_config
+
 # (q [N, nh, hd], k [N, nkv, hd], v [N, nkv, hd]) -> (out [N, nh, hd], logsumexp [N, nh] fp32), causal per document
 AttendFn = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
 
@@ -67,11 +70,12 @@ class DraftConfig:
 
         Attention is Llama's GQA with the target's heads, except for MLA targets (DeepSeek-V3, Kimi: q/k and v
         head sizes differ, and config.json's head_dim, where present, is the rope part): head_dim 128, heads =
-        H / 128, as the published DeepSeek and Kimi EAGLE-3 drafts are shaped. RoPE is the target's when the
-        draft can reproduce it in SGLang's Llama draft ('default', 'llama3'); any other scaling (yarn on
-        DeepSeek-V3, Kimi, GPT-OSS) gives plain RoPE at the target's theta, as those published drafts do: the
-        draft learns its own attention, it does not reuse the target's."""
-        text = target.get("text_config", target)
+        H / 128, as the published DeepSeek and Kimi EAGLE-3 drafts are shaped. Which it is comes from the family's
+        row (eagle3/target/families.py `attention`); a model_type with no row is MLA when it has a `kv_lora_rank`.
+        RoPE is the target's when the draft can reproduce it in SGLang's Llama draft ('default', 'llama3'); any
+        other scaling (yarn on DeepSeek-V3, Kimi, GPT-OSS) gives plain RoPE at the target's theta, as those
+        published drafts do: the draft learns its own attention, it does not reuse the target's."""
+        text = text_config(target)
         act = text.get("hidden_act", "silu")
         if act != "silu":
             raise DraftConfigError(f"target hidden_act {act!r}: the draft's Llama MLP supports only 'silu'")
@@ -79,7 +83,7 @@ class DraftConfig:
             h, nh = int(text["hidden_size"]), int(text["num_attention_heads"])
             nkv, hd = int(text.get("num_key_value_heads", nh)), int(text.get("head_dim") or h // nh)
             notes = []
-            if text.get("kv_lora_rank"):  # MLA
+            if _attention(target) == "mla":
                 hd = MLA_DRAFT_HEAD_DIM if h % MLA_DRAFT_HEAD_DIM == 0 else h // nh
                 nh = nkv = h // hd
                 notes.append(f"MLA target: the draft's attention is {nh} heads x {hd}")
@@ -129,6 +133,14 @@ class DraftConfig:
             "tie_word_embeddings": False,
             "torch_dtype": "bfloat16",
         }
+
+
+def _attention(target: dict[str, Any]) -> str:
+    """The target's attention kind: its family's row, else (a family with no row) MLA when it has a kv_lora_rank."""
+    family = family_of(str(target.get("model_type", "")))
+    if family is not None:
+        return family.attention
+    return "mla" if text_config(target).get("kv_lora_rank") else "gqa"
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import torch
 
 from eagle3.config import ExtractConfig, PipelineConfig
 from eagle3.extract.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Outcome
-from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import move_into, remove_stale_temps
 from eagle3.store.run_store import (
@@ -43,6 +42,7 @@ from eagle3.store.sample_format import (
     verify_sample,
     write_sample_parts,
 )
+from eagle3.target.files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.versions import library_versions
 
 #: extract.writer_threads' default, for callers without a config (benches, tests).

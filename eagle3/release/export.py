@@ -46,12 +46,13 @@ from safetensors.torch import load_file, save
 from eagle3.convert.vocab import check_vocab_map
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
-from eagle3.model_files import model_fingerprint, sha256_file
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.layers import LayerMappingError, SGLangLayers, sglang_layer_ids
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.store.paths import EXPORT_FILE, RunPaths
 from eagle3.store.run_store import RunInfo, RunStore, now, read_record
+from eagle3.target.files import model_fingerprint, sha256_file
+from eagle3.target.layout import text_config
 
 EXPORT_FORMAT = "eagle3-export/1"
 SPECULATORS_DIR = "speculators"
@@ -73,7 +74,7 @@ class ExportResult(BaseModel):
     checkpoint_sha256: str = Field(description="sha256 of the checkpoint's model.safetensors")
     run_dir: str
     model_dir: str
-    model_sha256: str = Field(description="fingerprint of model_dir now (eagle3.model_files.model_fingerprint)")
+    model_sha256: str = Field(description="fingerprint of model_dir now (eagle3.target.files.model_fingerprint)")
     run_model_sha256: str = Field(description="the fingerprint run.json recorded at extraction")
     aux_layers: list[int] = Field(description="HF hidden_states indices the draft was trained on")
     sglang_layer_ids: list[int] = Field(description="eagle_config.eagle_aux_hidden_state_layer_ids (SGLang ids)")
@@ -332,7 +333,7 @@ def export_draft(
 
 
 def _check_same_target(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, model_dir: Path) -> None:
-    text = target_cfg.get("text_config", target_cfg)
+    text = text_config(target_cfg)
     facts = (int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
     if facts != (info.hidden_size, info.vocab_size, info.num_layers):
         raise ExportError(

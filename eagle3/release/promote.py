@@ -21,10 +21,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.draft.checkpoint import WEIGHTS, resolve_checkpoint
-from eagle3.model_files import sha256_file
 from eagle3.store.fsio import atomic_write_json, fsync_dir, read_json
 from eagle3.store.paths import RunPaths
 from eagle3.store.run_store import now, read_record
+from eagle3.target.files import sha256_file
 
 EVALUATION = "evaluation.json"
 PromotePolicy = Literal["if_not_worse", "always", "never"]

@@ -1,9 +1,11 @@
 """HF hidden_states indices -> the ids SGLang 0.5.23 takes in `--return-aux-hidden-state-layer-ids`.
 
 Inside SGLang, `model.layers_to_capture = [i, ...]` captures the residual stream entering decoder layer
-i, which is HF `hidden_states[i]` (checked numerically on SmolLM2, tests/integration/test_sglang_parity.py).
-What differs per model family is how `set_eagle3_layers_to_capture(ids)` turns the configured ids into
-those internal indices (read in sglang/srt/models/*.py, 0.5.23):
+i, which is HF `hidden_states[i]` (checked numerically on SmolLM2, tests/integration/test_sglang_capture.py
+`test_dumps_match_the_hf_forward_per_token_and_not_the_neighbouring_layers`; per tiny architecture,
+tests/integration/test_architectures_sglang.py). What differs per model family is how
+`set_eagle3_layers_to_capture(ids)` turns the configured ids into those internal indices (read in
+sglang/srt/models/*.py, 0.5.23); each family's rule is its row's `sglang_rule` in eagle3/target/families.py:
 
   plus_one        llama, mistral, qwen2, qwen3, qwen3_moe, ...:  internal = id + 1
                   ("id x" = output of layer x), so id = HF index - 1.
@@ -24,32 +26,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.config import ExtractConfig
-from eagle3.model_files import read_model_facts
 from eagle3.serving.aux_layers import resolve_aux_layers
-
-PLUS_ONE = "plus_one"
-FIRST_ID_IS_1 = "first_id_is_1"
-GPT_OSS = "gpt_oss"
-
-#: config.json model_type -> how SGLang 0.5.23's set_eagle3_layers_to_capture reads its ids.
-FAMILIES: dict[str, str] = {
-    "llama": PLUS_ONE,
-    "mistral": PLUS_ONE,
-    "qwen2": PLUS_ONE,
-    "qwen3": PLUS_ONE,
-    "qwen3_moe": PLUS_ONE,
-    "glm4_moe": PLUS_ONE,
-    "minimax_m2": PLUS_ONE,
-    "deepseek_v2": FIRST_ID_IS_1,
-    "deepseek_v3": FIRST_ID_IS_1,
-    "kimi_k2": FIRST_ID_IS_1,
-    "kimi_k25": FIRST_ID_IS_1,
-    "gpt_oss": GPT_OSS,
-}
+from eagle3.target.families import FIRST_ID_IS_1, GPT_OSS, MODEL_TYPES, SGLangRule, family_of
+from eagle3.target.files import read_model_facts
 
 
 class LayerMappingError(ValueError):
     """The configured HF layers cannot be captured by SGLang for this model; the message says why."""
+
+
+def sglang_rule(model_type: str) -> SGLangRule | None:
+    """How SGLang 0.5.23's set_eagle3_layers_to_capture reads the ids of a config.json `model_type` (its row's
+    rule), or None for a family with no row."""
+    family = family_of(model_type)
+    return None if family is None else family.sglang_rule
 
 
 @dataclass(frozen=True)
@@ -78,7 +68,7 @@ def sglang_layer_ids(
 
     `override` (extract.sglang_layer_ids) is taken as given for a family without a rule; the hook still
     refuses to dump unless SGLang's resolved layers_to_capture equal `aux_layers`."""
-    family = FAMILIES.get(model_type)
+    family = sglang_rule(model_type)
     if override is not None:
         if len(override) != len(aux_layers):
             raise LayerMappingError(
@@ -90,9 +80,9 @@ def sglang_layer_ids(
     if family is None:
         raise LayerMappingError(
             f"model_type {model_type!r}: no SGLang layer-id rule is known for this family (known: "
-            f"{', '.join(sorted(FAMILIES))}). Read its set_eagle3_layers_to_capture in sglang/srt/models/ and set "
+            f"{', '.join(sorted(MODEL_TYPES))}). Read its set_eagle3_layers_to_capture in sglang/srt/models/ and set "
             "extract.sglang_layer_ids (the hook checks the result against extract.aux_layers at start-up), "
-            "or add the family to eagle3/serving/layers.py FAMILIES."
+            "or add the family's row to eagle3/target/families.py FAMILIES."
         )
     bad = [i for i in aux_layers if not 1 <= i < num_layers]
     if bad:
@@ -116,7 +106,7 @@ def sglang_layer_ids(
 
 def internal_indices(model_type: str, layer_ids: list[int], num_layers: int) -> list[int]:
     """What SGLang 0.5.23 does with `layer_ids` (the inverse, for tests and doctor)."""
-    family = FAMILIES.get(model_type)
+    family = sglang_rule(model_type)
     if family == FIRST_ID_IS_1:
         return [i + 1 for i in layer_ids] if layer_ids and layer_ids[0] == 1 else list(layer_ids)
     if family == GPT_OSS and layer_ids and max(layer_ids) == num_layers:

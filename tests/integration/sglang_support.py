@@ -17,12 +17,12 @@ import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
-from eagle3.model_files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from eagle3.release.export import ExportResult, export_draft
 from eagle3.serving.layers import extraction_layers
 from eagle3.serving.server import SGLangServer
 from eagle3.store.fsio import read_json
 from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
+from eagle3.target.files import model_fingerprint, read_model_facts, tokenizer_fingerprint
 from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Every stage on every architecture users serve, with the transformers engine, on tiny random-weight targets
-(eagle3/tiny_models.py: Llama, Qwen3, Qwen3-MoE, DeepSeek-V3 (MLA + MoE), GPT-OSS (sliding window, sinks, MoE)).
+(eagle3/target/tiny.py: Llama, Qwen3, Qwen3-MoE, DeepSeek-V3 (MLA + MoE), GPT-OSS (sliding window, sinks, MoE)).
 
 One test per architecture runs the library calls each Prefect task makes, in stage order: prepare -> synthesize
 -> extract -> verify -> convert -> train (3 steps, in process) -> export -> offline evaluation. A second one
@@ -7,7 +7,8 @@ checks what is captured against the decoder layers' own inputs (forward pre-hook
 layer i), in fp32, alone and in a batch: an off-by-one layer, MLA's compressed KV, MoE routing that depends on
 the batch or GPT-OSS's window past its length would each show there.
 
-To add an architecture: a recipe in eagle3/tiny_models.py RECIPES; these tests then cover it (docs/models.md).
+To add an architecture: a row with a tiny recipe in eagle3/target/families.py; these tests then cover it
+(docs/models.md).
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ from eagle3.extract.engines import build_engine
 from eagle3.extract.engines.base import Captured
 from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.extract.shard import extract_shard, open_run
-from eagle3.model_files import read_model_facts
 from eagle3.release.export import export_draft
 from eagle3.serving.layers import sglang_layer_ids
 from eagle3.store.run_store import PreparedSample, RunStore
 from eagle3.store.verify import verify_run
-from eagle3.tiny_models import ARCHITECTURES, tiny_config
+from eagle3.target.files import read_model_facts
+from eagle3.target.tiny import ARCHITECTURES, tiny_config
 from eagle3.train.job import TrainJob
 from eagle3.train.trainer import Trainer
 
@@ -228,8 +229,8 @@ def altered_copy(model: Path, out: Path, **config: Any) -> Path:
 def test_an_architecture_no_engine_supports_is_refused_naming_it_and_the_supported_list_before_any_server(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from eagle3.model_files import ModelError
     from eagle3.serving.layers import LayerMappingError
+    from eagle3.target.files import ModelError
 
     model = altered_copy(tiny_models["LlamaForCausalLM"], tmp_path / "foo", model_type="foo",
                          architectures=["FooForCausalLM"])  # fmt: skip
@@ -246,13 +247,13 @@ def test_an_architecture_no_engine_supports_is_refused_naming_it_and_the_support
 def test_a_tokenizer_with_more_tokens_than_the_config_vocabulary_is_refused_with_both_numbers(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
-    from eagle3.model_files import ModelError
+    from eagle3.target.files import ModelError
 
     model = altered_copy(tiny_models["Qwen3ForCausalLM"], tmp_path / "small-vocab", vocab_size=32000)
     with pytest.raises(ModelError, match=r"tokenizer has 49152 tokens but config.json's vocab_size is 32000"):
         build_engine(pipeline_config(tmp_path, model, "Qwen3ForCausalLM"), model)
     padded = altered_copy(tiny_models["Qwen3ForCausalLM"], tmp_path / "padded", vocab_size=49280)
-    from eagle3.model_files import check_target
+    from eagle3.target.files import check_target
 
     assert check_target(padded, "transformers").vocab_size == 49280  # a vocabulary padded past the tokenizer's: fine
 
@@ -260,8 +261,8 @@ def test_a_tokenizer_with_more_tokens_than_the_config_vocabulary_is_refused_with
 def test_a_tiny_target_built_again_elsewhere_is_the_same_bytes(
     tiny_models: dict[str, Path], demo_model: Path, tmp_path: Path
 ) -> None:
-    from eagle3.model_files import sha256_file
-    from eagle3.tiny_models import ensure_tiny_model
+    from eagle3.target.files import sha256_file
+    from eagle3.target.tiny import ensure_tiny_model
 
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / demo_model.name).symlink_to(demo_model)  # the demo tokenizer, not installed again

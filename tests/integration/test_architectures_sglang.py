@@ -1,4 +1,4 @@
-"""The SGLang row of docs/models.md: each tiny target (eagle3/tiny_models.py) that SGLang 0.5.23 runs on CPU goes
+"""The SGLang row of docs/models.md: each tiny target (eagle3/target/tiny.py) that SGLang 0.5.23 runs on CPU goes
 through every stage with `server.engine: sglang`, one server per architecture (module-scoped): synthesize through
 it, extract through the hook, parity per token with the transformers engine on the same samples at the same aux
 layers (what catches an off-by-one layer convention), the layer ids in run.json, in the hook's report and in the
@@ -36,13 +36,14 @@ from eagle3.extract.engines.base import Captured
 from eagle3.extract.engines.sglang_engine import SGLangEngine
 from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.extract.shard import extract_shard, open_run
-from eagle3.model_files import read_model_facts
 from eagle3.release.export import export_draft
 from eagle3.serving.layers import internal_indices, sglang_layer_ids
 from eagle3.serving.server import ServerError
 from eagle3.store import dump_protocol as proto
 from eagle3.store.run_store import RunStore
 from eagle3.store.verify import verify_run
+from eagle3.target.files import read_model_facts
+from eagle3.target.tiny import ARCHITECTURES
 from eagle3.train.job import TrainJob
 from eagle3.train.trainer import Trainer
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env, start_server, token_errors
@@ -69,6 +70,12 @@ SGLANG_FAILS = {
     "GptOssForCausalLM": "RuntimeError: The size of tensor a (64) must match the size of tensor b (128)",
 }
 MEDIAN_TOL, WORST_TOL = 0.03, 0.2  # bf16 SGLang vs bf16 transformers per token, as tests/integration/sglang_support.py
+
+
+def test_every_tested_architecture_has_an_sglang_verdict_here() -> None:
+    """A row with a tiny recipe (eagle3/target/families.py) is served and compared, or listed with why not."""
+    verdicts = [*SGLANG_RUNS, *SGLANG_NOT_FINITE, *SGLANG_FAILS]
+    assert sorted(verdicts) == sorted(ARCHITECTURES), "add the architecture to SGLANG_RUNS, _NOT_FINITE or _FAILS"
 
 
 def sglang_pipeline_config(tmp: Path, model: Path, arch: str) -> PipelineConfig:

@@ -14,10 +14,10 @@ from eagle3.config import PipelineConfig
 from eagle3.extract.engines.base import Captured, Dumped, EngineInfo, Failed, Outcome
 from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.extract.shard import RunMismatchError, extract_shard, open_run, shard_is_complete
-from eagle3.model_files import tokenizer_fingerprint
 from eagle3.progress import Progress
 from eagle3.store.run_store import PREPARED_SCHEMA, PreparedManifest, PreparedSample, RunInfo, RunStore
 from eagle3.store.sample_format import encode_sample
+from eagle3.target.files import tokenizer_fingerprint
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ from eagle3.data.synthesize import synthesize
 from eagle3.evaluate.offline import evaluate_offline
 from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.extract.shard import extract_shard, open_run
-from eagle3.model_files import sha256_file
 from eagle3.release.export import export_draft
 from eagle3.release.promote import EvalRecord, EvalSet, current_link, pointed, promote
 from eagle3.store.run_store import RunStore
+from eagle3.target.files import sha256_file
 from eagle3.train.job import TrainJob
 from eagle3.train.trainer import Trainer
 

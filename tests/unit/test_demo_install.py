@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import model_files
+from eagle3.target import demo
 
 
 def test_concurrent_installs_install_once_and_every_caller_gets_the_complete_directory(
@@ -29,15 +29,15 @@ def test_concurrent_installs_install_once_and_every_caller_gets_the_complete_dir
         (tmp / "config.json").write_text("{}")
         time.sleep(0.5)  # the other callers arrive while this one works
         (tmp / "model.safetensors").write_bytes(b"weights")
-        rec = {"gguf_sha256": model_files.DEMO_GGUF_SHA256, "install_version": model_files.DEMO_INSTALL_VERSION,
-               "model_sha256": model_files.model_fingerprint(tmp)}  # fmt: skip
-        model_files.atomic_write_json(tmp / "install.json", rec)
+        rec = {"gguf_sha256": demo.DEMO_GGUF_SHA256, "install_version": demo.DEMO_INSTALL_VERSION,
+               "model_sha256": demo.model_fingerprint(tmp)}  # fmt: skip
+        demo.atomic_write_json(tmp / "install.json", rec)
         tmp.rename(target)
 
-    monkeypatch.setattr(model_files, "_install_demo_model", slow_stub_install)
+    monkeypatch.setattr(demo, "_install_demo_model", slow_stub_install)
 
     def install() -> None:
-        seen.append({p.name for p in model_files.ensure_demo_model(tmp_path).iterdir()})
+        seen.append({p.name for p in demo.ensure_demo_model(tmp_path).iterdir()})
 
     threads = [threading.Thread(target=install) for _ in range(4)]
     for t in threads:
@@ -46,4 +46,4 @@ def test_concurrent_installs_install_once_and_every_caller_gets_the_complete_dir
         t.join(timeout=30)
     assert len(calls) == 1
     assert seen == [{"config.json", "model.safetensors", "install.json"}] * 4
-    assert model_files.ensure_demo_model(tmp_path) == model_files.demo_model_dir(tmp_path) and len(calls) == 1
+    assert demo.ensure_demo_model(tmp_path) == demo.demo_model_dir(tmp_path) and len(calls) == 1

@@ -14,10 +14,10 @@ import eagle3.release.export as export_mod
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.draft.synthetic import SyntheticSpec, write_target_model
-from eagle3.model_files import model_fingerprint
 from eagle3.release.export import ExportError, export_draft
 from eagle3.serving.layers import sglang_layer_ids
 from eagle3.store.run_store import RunInfo, RunStore
+from eagle3.target.files import model_fingerprint
 
 SPEC = SyntheticSpec(hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2, vocab_size=128,
                      draft_vocab_size=96, num_layers=8, aux_layers=(2, 4, 5))  # fmt: skip

@@ -13,11 +13,11 @@ import pytest
 from eagle3.config import PipelineConfig
 from eagle3.data.synthesis_key import SynthesisMixError, settings_fingerprint, synthesized_key
 from eagle3.extract.shard import store_dtype_of
-from eagle3.model_files import model_fingerprint, tokenizer_fingerprint
 from eagle3.preflight import PreflightError, check_run
 from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.store.fsio import atomic_write_json
 from eagle3.store.run_store import PreparedManifest, RunInfo, RunStore, SynthesisOf
+from eagle3.target.files import model_fingerprint, tokenizer_fingerprint
 
 GROW = ["prepare", "synthesize", "extract"]
 
@@ -163,7 +163,7 @@ def test_a_synthesis_from_before_growing_is_used_with_its_own_inputs_and_refused
     import hashlib
 
     from eagle3.data.prepare import dataset_fingerprint
-    from eagle3.model_files import model_fingerprint
+    from eagle3.target.files import model_fingerprint
 
     (tmp_path / "grow").mkdir()
     (tmp_path / "grow" / "day1.jsonl").write_text('{"messages": []}\n')

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from eagle3.config import PipelineConfig
 from eagle3.extract.engines.base import Captured, Dumped, Engine, EngineInfo, Failed, Outcome
-from eagle3.model_files import check_target
+from eagle3.target.files import check_target
 
 if TYPE_CHECKING:
     from eagle3.extract.engines.transformers_engine import LoadedModels
@@ -33,7 +33,7 @@ def build_engine(
     models: LoadedModels | None = None,
 ) -> Engine:
     """The engine named by `server.engine`, for the model in `model_dir`: the one place an engine is built (one
-    server of several comes here too, through eagle3/serving/specs.py). Loading weights or launching a server happens
+    server of several comes here too, through eagle3/extract/pool.py's build_server_engine). Loading weights or launching a server happens
     on first use, so building one is cheap. One server of several gives its own `device` (transformers), or its
     own `dump_dir` and `log_dir` (sglang); None: the section's (`server.device`, `eagle3.store.paths.dump_root`,
     `<run_dir>/server`). `base_env` and `on_line` are the sglang server's environment (required there: the caller

@@ -38,7 +38,6 @@ from safetensors import safe_open
 
 from eagle3.config import PipelineConfig
 from eagle3.extract.engines.base import Dumped, EngineInfo, Failed, Outcome
-from eagle3.model_files import read_model_facts
 from eagle3.serving.layers import extraction_layers
 from eagle3.serving.server import LineFn, ServerError, SGLangServer
 from eagle3.store import dump_protocol as proto
@@ -46,6 +45,7 @@ from eagle3.store.fsio import remove_stale_temps
 from eagle3.store.paths import RunPaths, dump_root
 from eagle3.store.run_store import DTYPES, PreparedSample
 from eagle3.store.sample_format import FP8, FP8_NAME, SampleFormatError, check_header
+from eagle3.target.files import read_model_facts
 
 log = logging.getLogger("eagle3.sglang")
 LIVENESS_EVERY_S = 1.0  # while waiting for a dump, how often to check that a launched server still runs

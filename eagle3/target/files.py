@@ -1,0 +1,144 @@
+"""A target model directory: the facts read from its config.json, its fingerprints, its weight map, and the check
+that an engine can run it. Never guessed from the path (STYLE.md: no behaviour from names)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from eagle3.target.families import TESTED_ARCHITECTURES
+from eagle3.target.layout import text_config
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+_FULL_HASH_LIMIT = 64 << 20
+_CHUNK = 1 << 20
+
+
+class ModelError(RuntimeError):
+    """The target model directory is missing or not usable; the message says what to do."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK * 8):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """sha256 over the model directory: small files in full; weight files larger than 64 MiB by name,
+    size, first and last MiB (hashing 600 GB of weights would take longer than extracting)."""
+    h = hashlib.sha256()
+    for p in sorted(model_dir.iterdir()):
+        if not p.is_file() or p.name == "install.json":
+            continue
+        size = p.stat().st_size
+        h.update(f"{p.name}\0{size}\0".encode())
+        with open(p, "rb") as f:
+            if size <= _FULL_HASH_LIMIT:
+                h.update(f.read())
+            else:
+                h.update(f.read(_CHUNK))
+                f.seek(-_CHUNK, 2)
+                h.update(f.read(_CHUNK))
+    return h.hexdigest()
+
+
+def tokenizer_fingerprint(model_dir: Path) -> str:
+    h = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        p = model_dir / name
+        if p.is_file():
+            h.update(name.encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the pipeline needs from config.json, read once (never guessed from the path)."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    architectures: tuple[str, ...]
+
+
+def weight_map(model_dir: Path) -> dict[str, Path]:
+    """{tensor key: safetensors file} of a model directory: its index, or each file's keys when there is none."""
+    from safetensors import safe_open
+
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return {k: model_dir / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    where: dict[str, Path] = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            where.update(dict.fromkeys(st.keys(), f))
+    return where
+
+
+def read_model_facts(model_dir: Path) -> ModelFacts:
+    cfg_path = model_dir / "config.json"
+    if not cfg_path.is_file():
+        raise ModelError(f"{model_dir}: no config.json; `model` must be a Hugging Face model directory or `demo`")
+    cfg = json.loads(cfg_path.read_text())
+    text = text_config(cfg)
+    try:
+        return ModelFacts(
+            model_type=str(cfg.get("model_type", "")),
+            num_layers=int(text["num_hidden_layers"]),
+            hidden_size=int(text["hidden_size"]),
+            vocab_size=int(text["vocab_size"]),
+            architectures=tuple(cfg.get("architectures") or ()),
+        )
+    except KeyError as e:
+        raise ModelError(f"{cfg_path}: missing {e.args[0]!r}") from None
+
+
+def tokenizer_size(model_dir: Path) -> int:
+    """Token ids the model's tokenizer can produce (its base vocabulary plus added tokens)."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(model_dir))
+
+
+def check_target(model_dir: Path, engine: str) -> ModelFacts:
+    """Refuse, before any model loads or server starts, a target that `engine` cannot run or whose tokenizer
+    produces ids the model has no embedding for. A config vocabulary larger than the tokenizer's is normal (padded
+    for the GPU: Qwen3 151,936 vs 151,669 tokens) and accepted. SGLang's model families are checked where its layer
+    ids are derived (eagle3/serving/layers.py, from the rows of eagle3/target/families.py), which every SGLang
+    server needs before it starts."""
+    facts = read_model_facts(Path(model_dir))
+    if engine == "transformers":
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal_lms
+
+        if facts.model_type not in causal_lms:
+            raise ModelError(
+                f"{model_dir}: architecture {'/'.join(facts.architectures) or '?'} (model_type {facts.model_type!r}) "
+                f"is not supported by the transformers engine: transformers has no causal LM for it. Tested: "
+                f"{', '.join(TESTED_ARCHITECTURES)} (docs/models.md); any model_type transformers' "
+                "AutoModelForCausalLM loads may work. A model that needs trust_remote_code (Kimi's wrapper) is not "
+                "loaded: use server.engine sglang, or point `model` at a directory of its text backbone."
+            )
+    if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
+        return facts  # no tokenizer here (a weights-only directory): prepare, which needs one, says so
+    size = tokenizer_size(Path(model_dir))
+    if size > facts.vocab_size:
+        raise ModelError(
+            f"{model_dir}: the tokenizer has {size} tokens but config.json's vocab_size is {facts.vocab_size}: ids "
+            f">= {facts.vocab_size} have no embedding. The tokenizer files belong to another model; copy the ones "
+            "that came with these weights."
+        )
+    return facts
