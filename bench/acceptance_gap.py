@@ -37,6 +37,7 @@ from eagle3.draft.loss import draft_to_target_ids
 from eagle3.draft.model import Eagle3Draft, dense_attend
 from eagle3.evaluate.offline import aux_layers_of, load_eval_sets, load_target
 from eagle3.evaluate.speculative import EagleDrafter, Target, speculative_decode
+from eagle3.target.demo import resolve_model
 
 
 def chain_runs(target: Target, draft: Eagle3Draft, seq: list[int], steps: int) -> list[int]:

@@ -33,12 +33,13 @@ def build_engine(
     models: LoadedModels | None = None,
 ) -> Engine:
     """The engine named by `server.engine`, for the model in `model_dir`: the one place an engine is built (one
-    server of several comes here too, through eagle3/extract/pool.py's build_server_engine). Loading weights or launching a server happens
-    on first use, so building one is cheap. One server of several gives its own `device` (transformers), or its
-    own `dump_dir` and `log_dir` (sglang); None: the section's (`server.device`, `eagle3.store.paths.dump_root`,
-    `<run_dir>/server`). `base_env` and `on_line` are the sglang server's environment (required there: the caller
-    reads it, the library never reads os.environ) and log line sink. `models` (transformers): the weights this
-    engine shares with others (a server pool's engines: one copy); None: its own."""
+    server of several comes here too, through eagle3/extract/pool.py's build_server_engine). Loading weights or
+    launching a server happens on first use, so building one is cheap. One server of several gives its own `device`
+    (transformers), or its own `dump_dir` and `log_dir` (sglang); None: the section's (`server.device`,
+    `eagle3.store.paths.dump_root`, `<run_dir>/server`). `base_env` and `on_line` are the sglang server's
+    environment (required there: the caller reads it, the library never reads os.environ) and log line sink.
+    `models` (transformers): the weights this engine shares with others (a server pool's engines: one copy); None:
+    its own."""
     check_target(model_dir, cfg.server.engine)  # an unsupported architecture or a foreign tokenizer: refused here
     if cfg.server.engine == "transformers":
         from eagle3.extract.engines.transformers_engine import TransformersEngine
