@@ -10,7 +10,9 @@ eagle3/        never imports prefect, flows or tasks; never sglang at module lev
                and only the commands that are flows reach up to flows/ when they run.
                No import cycles between eagle3/ modules, not even through an import inside a function.
 eagle3/train/  (trainer, torchrun worker, launcher, plots) never imports prefect: torchrun runs it bare.
-tasks/         never imports flows; tasks/extract/ (the extract flows' tasks) included.
+tasks/         never imports flows; tasks/extract/ (the extract flows' tasks) included. The glue every flow shares
+               (run lock, progress board, events, child launches) sits at the top of tasks/: tasks/extract/ imports
+               only those top-level modules and its own, and nothing else in tasks/ imports tasks/extract/.
 server_patch/  imports nothing of ours except eagle3.store.dump_protocol, eagle3.store.sample_format, eagle3.store.fsio
                (the store-format modules; they run inside SGLang's processes), and never prefect.
 """
@@ -163,9 +165,36 @@ def import_cycle(package: str, root: Path = REPO) -> list[str]:
 
 def test_the_new_packages_exist_and_keep_the_rules() -> None:
     assert {p.name for p in sources("eagle3/train")} >= {"__init__.py", "trainer.py", "worker.py", "launch.py"}
-    assert {p.name for p in sources("tasks/extract")} >= {"__init__.py", "shards.py", "hold.py", "report.py"}
+    assert {p.name for p in sources("tasks/extract")} >= {"__init__.py", "shards.py", "report.py"}
     assert violations("eagle3/train", {"prefect", "flows", "tasks"}, module_level_only=False) == []
     assert violations("tasks/extract", {"flows"}, module_level_only=False) == []
+
+
+def test_tasks_shared_glue_sits_at_the_top_and_only_the_extract_flows_reach_into_tasks_extract() -> None:
+    outside = [p for p in sources("tasks") if "extract" not in p.relative_to(REPO / "tasks").parts[:-1]]
+    found = [
+        f"{p.relative_to(REPO)}:{line} imports {module}"
+        for p in outside
+        for line, module in imports(p, module_level_only=False)
+        if module == "tasks.extract" or module.startswith("tasks.extract.")
+    ]
+    assert found == []
+    upward = []  # tasks/extract/ imports its own modules or tasks/<module>.py, never another sub-package of tasks/
+    for p in sources("tasks/extract"):
+        for line, module in imports(p, module_level_only=False):
+            parts = module.split(".")
+            if parts[0] != "tasks" or parts[:2] == ["tasks", "extract"] or len(parts) == 1:
+                continue
+            if not (REPO / "tasks" / f"{parts[1]}.py").is_file():
+                upward.append(f"{p.relative_to(REPO)}:{line} imports {module}")
+    assert upward == []
+    flows_in = {
+        p.name
+        for p in sources("flows")
+        for _, m in imports(p, module_level_only=False)
+        if m.startswith("tasks.extract")
+    }
+    assert flows_in <= {"extract.py", "extract_fanout.py", "retry.py"}  # the extract flows, and only they
 
 
 def test_the_library_has_no_import_cycles() -> None:
