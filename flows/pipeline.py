@@ -1,4 +1,4 @@
-"""The pipeline flow: the DAG of DESIGN.md, one line per stage, in `config.stages` order."""
+"""The pipeline flow: the stages of README.md's short tour, one line per stage, in `config.stages` order."""
 
 from __future__ import annotations
 

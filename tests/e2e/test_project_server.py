@@ -31,7 +31,7 @@ COPIED = [
     "deploy/deployments.py",
     "deploy/serve.sh",
 ]
-LINKED = ["eagle3", ".venv"]
+LINKED = ["eagle3", "flows", ".venv"]
 
 
 def fresh_shell(script: str, home: Path, cwd: Path = Path("/")) -> subprocess.CompletedProcess[str]:
@@ -86,7 +86,7 @@ def test_documented_prefect_commands_reach_the_projects_server_from_a_fresh_shel
     show = fresh_shell(f"cd {proj} && .venv/bin/python deploy/deployments.py show", home)
     assert show.returncode == 0 and "deployment     eagle3-pipeline/pipeline" in show.stdout, show.stderr
     cli = fresh_shell(
-        f"cd {proj} && .venv/bin/python -c 'from eagle3 import cli; u = cli.prefect_api_url(); "
+        f"cd {proj} && .venv/bin/python -c 'from flows import cli; u = cli.prefect_api_url(); "
         "print(u, cli.check_server(u))'",
         home,
     )
