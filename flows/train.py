@@ -11,11 +11,10 @@ from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from eagle3.config_merge import ConfigSources
-from tasks.deployment_config import deployment_config
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
-from tasks.model import resolve_model_task, run_dir_task
+from tasks.flow_start import start_flow
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
 from tasks.train import train_task
@@ -59,9 +58,7 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
             takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
     """
-    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     return draft_stages(config, model_dir, sources) or config.run_dir
 
 
@@ -82,8 +79,6 @@ def train_node_flow(
         gpu_limit: This node's concurrency limit (`gpu-<work queue>`), held for `train.nproc` slots.
         overrides: Any other setting, one `key.sub=value` per line, as `eagle3 run --set` takes them.
     """
-    config, _ = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     train_task(config, model_dir, rendezvous_token or None, gpu_limit)
     return config.run_dir

@@ -8,9 +8,8 @@ from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from flows.train import draft_stages
-from tasks.deployment_config import deployment_config
 from tasks.failure import reports_failure
-from tasks.model import resolve_model_task, run_dir_task
+from tasks.flow_start import start_flow
 from tasks.train_fanout import NODE_DEPLOYMENT, TrainFanoutSummary, train_on_nodes
 
 
@@ -36,9 +35,7 @@ def train_fanout_flow(
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
             takes them; every key is in eagle3/config.py and docs/formats.md. Applied over `config`.
     """
-    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     trained = train_on_nodes(config, deployment, poll_s)
     if isinstance(trained, State):
         return trained
