@@ -44,3 +44,7 @@ def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> Ext
         results, failures = outcomes(run_shards(config, model_dir, plan, ctx))
         summary = report_extract_task(config, plan, failures, results)
     return extract_outcome(summary)
+
+
+#: The deployment of extract_flow that the extract-fanout flow starts once per node (deploy/prefect.yaml).
+EXTRACT_NODE_DEPLOYMENT = f"{extract_flow.name}/extract-node"

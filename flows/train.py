@@ -17,7 +17,7 @@ from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
-from tasks.train import train_task
+from tasks.train import GPU_LIMIT, train_task
 from tasks.train_fanout import train_on_nodes
 
 
@@ -28,7 +28,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     `train-node` flow run per node (train.work_queues), watched here."""
     trained = None
     if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
-        on_nodes = train_on_nodes(config)
+        on_nodes = train_on_nodes(config, TRAIN_NODE_DEPLOYMENT)
         if isinstance(on_nodes, State):
             return on_nodes
     elif "train" in config.stages:
@@ -67,7 +67,7 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
 )
 @reports_failure
 def train_node_flow(
-    config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = "gpu", overrides: tuple[str, ...] = ()
+    config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = GPU_LIMIT, overrides: tuple[str, ...] = ()
 ) -> str:
     """One node's torchrun of a multi-node training (the train-fanout flow starts one per node; export and
     evaluate run once, in the fan-out, after every node finished). Returns the run directory.
@@ -82,3 +82,7 @@ def train_node_flow(
     config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     train_task(config, model_dir, rendezvous_token or None, gpu_limit)
     return config.run_dir
+
+
+#: The deployment of train_node_flow (deploy/prefect.yaml), one flow run per node of a multi-node training.
+TRAIN_NODE_DEPLOYMENT = f"{train_node_flow.name}/train-node"

@@ -34,7 +34,6 @@ from tasks.children import FINAL, WATCH_TIMEOUT_S, ChildRun, launch_children
 from tasks.progress import ProgressArtifact, describe
 from tasks.train import GPU_LIMIT, node_gpu_limit, train_dir
 
-NODE_DEPLOYMENT = "train-node/train-node"  # flows/train.py train_node_flow, deployed by deploy/prefect.yaml
 CANCEL_GRACE_S = 180.0  # a cancelled node's worker stops it well within this; longer: the node is gone
 
 
@@ -192,9 +191,7 @@ def train_fanout_outcome(s: TrainFanoutSummary) -> TrainFanoutSummary | State:
     return Failed(message=message, data=NodeFailedError(message))
 
 
-def train_on_nodes(
-    config: PipelineConfig, deployment: str = NODE_DEPLOYMENT, poll_s: float = 10.0
-) -> TrainFanoutSummary | State:
+def train_on_nodes(config: PipelineConfig, deployment: str, poll_s: float = 10.0) -> TrainFanoutSummary | State:
     """The train stage over train.nodes nodes (call it from a flow): one `deployment` flow run per node, node i on
     train.work_queues[i] (or all on the deployment's queue), watched to the end; the summary, or Failed."""
     queues: list[str | None] = list(config.train.work_queues) or [None] * config.train.nodes
