@@ -18,7 +18,7 @@ from tasks.prompts import prompts_task
 from tasks.synthesize import synthesize_task
 
 
-@flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
+@flow(name="pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
 @reports_failure
 def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """[prompts] ─► prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─►

@@ -45,7 +45,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     return evaluation_outcome(config, evaluation)
 
 
-@flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+@flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True)
 @reports_failure
 def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate

@@ -1,7 +1,7 @@
 """The config a flow run works with: what its parameters gave, merged deeply over its deployment's own `config`.
 
 Prefect replaces a deployment's `config` parameter whole when a run gives one (`prefect deployment run
-eagle3-train/train --params '{"config": {"run_dir": ...}}'`), so without this the train deployment would run the
+train/train --params '{"config": {"run_dir": ...}}'`), so without this the train deployment would run the
 pipeline's default stages on `auto` devices. eagle3/config_merge.py does the merge; this module finds the two
 sides: the flow run's own parameters and its deployment's, read from the server.
 """
