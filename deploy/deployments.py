@@ -36,7 +36,6 @@ from pydantic import BaseModel
 PROJECT_DIR = Path(__file__).resolve().parents[1]
 SPEC = PROJECT_DIR / "deploy" / "prefect.yaml"
 AUTOMATIONS_DIR = PROJECT_DIR / "deploy" / "automations"
-GPU_LIMIT = "gpu"
 CRASH_AUTOMATION = "crash-zombie-runs"
 HEARTBEAT_S = 30  # Prefect's minimum; its default is 180
 CRASH_AFTER_S = 150  # five missed heartbeats
@@ -261,9 +260,13 @@ def ensure_work_pool(client: Any, name: str, heartbeat_s: int) -> None:
     client.create_work_pool(pool, overwrite=True)
 
 
-def ensure_gpu_limit(client: Any, gpus: int) -> None:
+def ensure_gpu_limit(client: Any, gpus: int) -> str:
+    """The global concurrency limit the train task holds (tasks/train.py GPU_LIMIT, its one home), sized to `gpus`;
+    returns its name."""
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
     from prefect.exceptions import ObjectNotFound
+
+    from tasks.train import GPU_LIMIT
 
     try:
         client.read_global_concurrency_limit_by_name(GPU_LIMIT)
@@ -271,6 +274,7 @@ def ensure_gpu_limit(client: Any, gpus: int) -> None:
         client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=GPU_LIMIT, limit=gpus))
     else:
         client.update_global_concurrency_limit(GPU_LIMIT, GlobalConcurrencyLimitUpdate(limit=gpus, active=True))
+    return GPU_LIMIT
 
 
 # --- deployments ----------------------------------------------------------------------------------------------
@@ -431,8 +435,8 @@ def apply(gpus: int | None, heartbeat_s: int, crash_after_s: int, spec_path: Pat
         for pool in pool_names(spec):
             ensure_work_pool(client, pool, heartbeat_s)
             print(f"work pool      {pool} (process; flow-run heartbeat every {heartbeat_s} s)")
-        ensure_gpu_limit(client, gpus)
-        print(f"global limit   {GPU_LIMIT} = {gpus}")
+        limit = ensure_gpu_limit(client, gpus)
+        print(f"global limit   {limit} = {gpus}")
         for d in spec["deployments"]:
             full_name, deployment_id = apply_deployment(client, d, PROJECT_DIR)
             print(f"deployment     {full_name} ({deployment_id})")

@@ -15,14 +15,13 @@
 Beside them, the modules every part uses. What each may import of ours (tests/unit/test_import_rules.py
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
 
-    progress, device, versions, project_env:  nothing
+    progress, device, versions:  nothing
     config_merge: eagle3.config
     doctor:       eagle3.config, eagle3.target, eagle3.store, eagle3.serving, eagle3.extract
     preflight:    eagle3.config, eagle3.target, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
-    cli:          eagle3.config, eagle3.progress, eagle3.target, eagle3.store, eagle3.doctor
 
-Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the
-entry point, imports Prefect and the flows inside the commands that run flows).
+Modules here never import Prefect, flows/ or tasks/, and SGLang only inside functions; flows/ and tasks/ wrap them
+(the `eagle3` command is flows/cli.py).
 """
 
 __version__ = "0.1.0"

@@ -8,14 +8,13 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from tasks.deployment_config import deployment_config
 from tasks.extract.open_run import disk_budget_task, open_run_task
 from tasks.extract.plan import ExtractSummary
 from tasks.extract.report import extract_outcome, outcomes, report_extract_task
 from tasks.extract.shards import run_shards
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
-from tasks.model import resolve_model_task, run_dir_task
+from tasks.flow_start import start_flow
 
 
 @flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
@@ -35,11 +34,7 @@ def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> Ext
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
-    config, _ = deployment_config(
-        config, overrides
-    )  # a partial `config` keeps the deployment's own settings (extract-node's)
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's (extract-node's)
     shared = config.extract.share_run_dir
     ttl_s = config.extract.lease_ttl_s
     with flow_context() as ctx, ctx.hold(config.run_dir, "extract", shared=shared, ttl_s=ttl_s) as hold:
@@ -49,3 +44,7 @@ def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> Ext
         results, failures = outcomes(run_shards(config, model_dir, plan, ctx))
         summary = report_extract_task(config, plan, failures, results)
     return extract_outcome(summary)
+
+
+#: The deployment of extract_flow that the extract-fanout flow starts once per node (deploy/prefect.yaml).
+EXTRACT_NODE_DEPLOYMENT = f"{extract_flow.name}/extract-node"

@@ -6,6 +6,7 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
+from flows.extract import EXTRACT_NODE_DEPLOYMENT
 from tasks.deployment_config import deployment_config
 from tasks.extract.fanout import (
     FanoutSummary,
@@ -16,8 +17,6 @@ from tasks.extract.fanout import (
 )
 from tasks.failure import reports_failure
 
-NODE_DEPLOYMENT = "extract/extract-node"
-
 
 @flow(name="extract-fanout", flow_run_name="extract-fanout {config.run_dir}", validate_parameters=True)
 @reports_failure
@@ -26,7 +25,7 @@ def extract_fanout_flow(
     overrides: tuple[str, ...] = (),
     work_queues: tuple[str, ...] = (),
     nodes: int = 2,
-    deployment: str = NODE_DEPLOYMENT,
+    deployment: str = EXTRACT_NODE_DEPLOYMENT,
     poll_s: float = 10.0,
 ) -> FanoutSummary | State:
     """start one child flow run of `deployment` per node ─► watch: one progress/ETA over the store ─► wait for every

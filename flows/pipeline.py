@@ -1,4 +1,4 @@
-"""The pipeline flow: the DAG of DESIGN.md, one line per stage, in `config.stages` order."""
+"""The pipeline flow: the stages of README.md's short tour, one line per stage, in `config.stages` order."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from eagle3.config import PipelineConfig
 from flows.extract import extract_flow
 from flows.train import draft_stages
 from tasks.convert import convert_task
-from tasks.deployment_config import deployment_config
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
-from tasks.model import resolve_model_task, run_dir_task
+from tasks.flow_start import start_flow
 from tasks.preflight import preflight_task
 from tasks.prepare import prepare_task
 from tasks.prompts import prompts_task
 from tasks.synthesize import synthesize_task
 
 
-@flow(name="eagle3-pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
+@flow(name="pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
 @reports_failure
 def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """[prompts] ─► prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─►
@@ -35,9 +34,7 @@ def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | S
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
-    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)  # {date} / {model_sha} in run_dir, filled in once
+    config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     preflight_task(config, model_dir)  # what a later stage would refuse, refused before the first runs
     with flow_context() as ctx:  # one launch of each SGLang server for prompts, synthesize and extract; then stopped
         if "prompts" in config.stages:

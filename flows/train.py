@@ -11,14 +11,13 @@ from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from eagle3.config_merge import ConfigSources
-from tasks.deployment_config import deployment_config
 from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
-from tasks.model import resolve_model_task, run_dir_task
+from tasks.flow_start import start_flow
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
-from tasks.train import train_task
+from tasks.train import GPU_LIMIT, train_task
 from tasks.train_fanout import train_on_nodes
 
 
@@ -29,7 +28,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     `train-node` flow run per node (train.work_queues), watched here."""
     trained = None
     if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
-        on_nodes = train_on_nodes(config)
+        on_nodes = train_on_nodes(config, TRAIN_NODE_DEPLOYMENT)
         if isinstance(on_nodes, State):
             return on_nodes
     elif "train" in config.stages:
@@ -46,7 +45,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     return evaluation_outcome(config, evaluation)
 
 
-@flow(name="eagle3-train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+@flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True)
 @reports_failure
 def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
@@ -59,9 +58,7 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
-    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     return draft_stages(config, model_dir, sources) or config.run_dir
 
 
@@ -70,7 +67,7 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
 )
 @reports_failure
 def train_node_flow(
-    config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = "gpu", overrides: tuple[str, ...] = ()
+    config: PipelineConfig, rendezvous_token: str = "", gpu_limit: str = GPU_LIMIT, overrides: tuple[str, ...] = ()
 ) -> str:
     """One node's torchrun of a multi-node training (the train-fanout flow starts one per node; export and
     evaluate run once, in the fan-out, after every node finished). Returns the run directory.
@@ -82,8 +79,10 @@ def train_node_flow(
         gpu_limit: This node's concurrency limit (`gpu-<work queue>`), held for `train.nproc` slots.
         overrides: Any other setting, one `key.sub=value` per line, as `eagle3 run --set` takes them.
     """
-    config, _ = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     train_task(config, model_dir, rendezvous_token or None, gpu_limit)
     return config.run_dir
+
+
+#: The deployment of train_node_flow (deploy/prefect.yaml), one flow run per node of a multi-node training.
+TRAIN_NODE_DEPLOYMENT = f"{train_node_flow.name}/train-node"

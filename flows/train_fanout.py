@@ -7,17 +7,19 @@ from prefect import flow
 from prefect.states import State
 
 from eagle3.config import PipelineConfig
-from flows.train import draft_stages
-from tasks.deployment_config import deployment_config
+from flows.train import TRAIN_NODE_DEPLOYMENT, draft_stages
 from tasks.failure import reports_failure
-from tasks.model import resolve_model_task, run_dir_task
-from tasks.train_fanout import NODE_DEPLOYMENT, TrainFanoutSummary, train_on_nodes
+from tasks.flow_start import start_flow
+from tasks.train_fanout import TrainFanoutSummary, train_on_nodes
 
 
 @flow(name="train-fanout", flow_run_name="train-fanout {config.run_dir}", validate_parameters=True)
 @reports_failure
 def train_fanout_flow(
-    config: PipelineConfig, deployment: str = NODE_DEPLOYMENT, poll_s: float = 10.0, overrides: tuple[str, ...] = ()
+    config: PipelineConfig,
+    deployment: str = TRAIN_NODE_DEPLOYMENT,
+    poll_s: float = 10.0,
+    overrides: tuple[str, ...] = (),
 ) -> TrainFanoutSummary | State:
     """start one `train-node` flow run per node (torchrun on each, c10d rendezvous at node 0) ─► watch: one
     progress/ETA for the job, the first node that fails cancels the rest ─► table of nodes ─► export ─► evaluate
@@ -36,9 +38,7 @@ def train_fanout_flow(
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
-    config, sources = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
-    model_dir = resolve_model_task(config)
-    config = run_dir_task(config, model_dir)
+    config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     trained = train_on_nodes(config, deployment, poll_s)
     if isinstance(trained, State):
         return trained

@@ -1,7 +1,7 @@
 """The config a flow run works with: what its parameters gave, merged deeply over its deployment's own `config`.
 
 Prefect replaces a deployment's `config` parameter whole when a run gives one (`prefect deployment run
-eagle3-train/train --params '{"config": {"run_dir": ...}}'`), so without this the train deployment would run the
+train/train --params '{"config": {"run_dir": ...}}'`), so without this the train deployment would run the
 pipeline's default stages on `auto` devices. eagle3/config_merge.py does the merge; this module finds the two
 sides: the flow run's own parameters and its deployment's, read from the server.
 """
@@ -18,9 +18,10 @@ from eagle3.config_merge import ConfigSources, merge_config
 
 
 def deployment_config(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> tuple[PipelineConfig, ConfigSources]:
-    """Called first in a flow that takes `config`: for a run of a deployment, the run's given config and then its
-    `overrides` (`key.sub=value` lines) merged over the deployment's own (key by key, deeply), and where each value
-    came from; any other run (`eagle3 run`, a subflow) gets `config` with its `overrides`."""
+    """Called first in a flow that takes `config` (through tasks/flow_start.py, or alone): for a run of a
+    deployment, the run's given config and then its `overrides` (`key.sub=value` lines) merged over the deployment's
+    own (key by key, deeply), and where each value came from; any other run (`eagle3 run`, a subflow) gets `config`
+    with its `overrides`."""
     ctx = FlowRunContext.get()
     deployment_id = ctx.flow_run.deployment_id if ctx is not None and ctx.flow_run is not None else None
     if ctx is None or ctx.flow_run is None or deployment_id is None:

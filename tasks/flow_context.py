@@ -39,9 +39,8 @@ from eagle3.config import PipelineConfig
 from eagle3.extract.pool import ServerPool, ServerPools
 from eagle3.store.lease import ShardLease
 from eagle3.store.lock import RunLock
-from tasks.extract.hold import RunHold, run_lock, shard_lease
-from tasks.extract.report import RunProgressBoard
-from tasks.progress import RunProgressRef
+from tasks.hold import RunHold, run_lock, shard_lease
+from tasks.progress import RunProgressBoard, RunProgressRef
 from tasks.server import server_env
 
 _OPEN: ContextVar[FlowContext | None] = ContextVar("eagle3_flow_context", default=None)
@@ -63,7 +62,7 @@ class FlowContext:
 
     @contextmanager
     def hold(self, run_dir: str, purpose: str, *, shared: bool = False, ttl_s: float = 600.0) -> Iterator[RunHold]:
-        """Hold `run_dir` for this flow run (tasks/extract/hold.py `run_lock`); while an exclusive hold is open,
+        """Hold `run_dir` for this flow run (tasks/hold.py `run_lock`); while an exclusive hold is open,
         `check_lock()` checks it and shard leases are taken under it. When the block ends the servers close before
         the lock goes (they write into the run directory, and the next run launches its own on the same ports),
         a parent flow's servers too: a subflow that holds the run directory is the last to use them."""

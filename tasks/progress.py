@@ -1,5 +1,6 @@
 """Progress with an ETA as Prefect artifacts: one per task (updated in place) and one per stage of a run,
-with the same line in the task's log. Artifact writes are API calls: progress is throttled to one write every
+with the same line in the task's log; `RunProgressBoard` feeds one run-level artifact from shard tasks running at
+once. Artifact writes are API calls: progress is throttled to one write every
 `min_interval_s` (2 s), and a failed write is logged once and never fails the task that reports.
 """
 
@@ -203,6 +204,49 @@ class TaskProgress:
             self._last_log = now
             text = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra)
             self.logger.info("%s %s %s", self.label, text_bar(p.fraction), text)
+
+
+# run progress over shards that run at once (an extract flow run's board) -----------------------------------
+class RunProgressBoard:
+    """The run-level progress artifact of one flow run, fed by all its shard tasks at once (one board per flow run:
+    its FlowContext's `board()`): done = the sum over shards, rate = samples worked here per second since the first
+    report."""
+
+    def __init__(self, ref: RunProgressRef, logger: Any):
+        self.ref = ref
+        self.artifact = ProgressArtifact(logger, artifact_id=ref.artifact_id)
+        self.shards: dict[int, Progress] = {}
+        self.start = time.monotonic()
+        self._lock_self = threading.Lock()
+
+    def report(self, shard: int, p: Progress) -> None:
+        with self._lock_self:
+            self.shards[shard] = p
+            done = sum(x.done for x in self.shards.values())
+            worked = sum(x.done - x.skipped for x in self.shards.values())
+            tokens = sum(x.tokens for x in self.shards.values())
+            eta_tokens = self.tokens_left(tokens)
+        elapsed = max(1e-9, time.monotonic() - self.start)
+        rate = worked / elapsed if worked > 0 else 0.0
+        if eta_tokens is not None and tokens > 0:  # the work is prefill tokens: one long sample moves it by its length
+            eta: float | None = eta_tokens * elapsed / tokens
+        else:
+            eta = (self.ref.total - done) / rate if rate > 0 else None
+        final = done >= self.ref.total
+        fraction = done / self.ref.total if self.ref.total else 1.0
+        text = describe(done, self.ref.total, "samples", tokens / elapsed, eta)
+        self.artifact.update(100 * fraction, text, force=final)
+
+    def tokens_left(self, tokens: int) -> int | None:
+        """Tokens still to extract: the shards that reported know theirs; the others are estimated at the same
+        tokens per sample. None before any shard reported its tokens."""
+        units = sum(x.total for x in self.shards.values())
+        known = sum(x.total_tokens for x in self.shards.values())
+        if units <= 0 or known <= 0:
+            return None
+        total = known * self.ref.total / units
+        settled = sum(x.settled_tokens for x in self.shards.values())
+        return max(0, round(total - settled - tokens))
 
 
 def create_run_progress(run_dir: str | Path, stage: str, total: int) -> RunProgressRef:

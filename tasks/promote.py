@@ -15,8 +15,8 @@ from eagle3.evaluate.offline import OfflineEvalResult
 from eagle3.release.promote import Decision, EvalRecord, EvalSet, SetRecord, latest_link, pointed, promote
 from tasks.artifacts import markdown_artifact, run_key
 from tasks.evaluate import EvalSummary
+from tasks.events import emit_run_event
 from tasks.export import serve_command
-from tasks.extract.report import emit_run_event
 
 PROMOTE_TIMEOUT_S = 5 * 60  # hashes the evaluation set, writes two small files and a symlink
 

@@ -17,7 +17,7 @@ from prefect.runtime import flow_run
 
 from eagle3.serving.record import reap_orphans_under
 from eagle3.serving.server import FLOW_RUN_ENV
-from tasks.extract.report import emit_run_event
+from tasks.events import emit_run_event
 
 
 def server_env() -> dict[str, str]:

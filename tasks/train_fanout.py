@@ -1,7 +1,7 @@
 """train-fanout: one training over several nodes, one `train-node` flow run per node, started through each node's
 work queue, watched as one job and summed up.
 
-    launch_train_nodes_task   run_deployment(timeout=0) per node: train.nodes, train.node_rank, the launch token
+    launch_train_nodes_task   one child per node (tasks/children.py): train.nodes, train.node_rank, the launch token
                               (this flow run's id: node 0 publishes its rendezvous port under it), `gpu-<queue>`
     watch_train_nodes_task    until every node's run ends: one progress/ETA artifact from metrics.jsonl (steps; tok/s
                               is global rank 0's all-reduced sum over every process of every node); the first
@@ -22,8 +22,6 @@ from uuid import UUID
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.objects import FlowRun
-from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Cancelling, Failed, State
 from pydantic import BaseModel
@@ -32,11 +30,10 @@ from eagle3.config import PipelineConfig
 from eagle3.store.paths import TrainPaths
 from eagle3.train.launch import read_metrics
 from tasks.artifacts import run_key, table_artifact
-from tasks.extract.fanout import FINAL, WATCH_TIMEOUT_S, ChildRun
+from tasks.children import FINAL, WATCH_TIMEOUT_S, ChildRun, launch_children
 from tasks.progress import ProgressArtifact, describe
 from tasks.train import GPU_LIMIT, node_gpu_limit, train_dir
 
-NODE_DEPLOYMENT = "train-node/train-node"  # flows/train.py train_node_flow, deployed by deploy/prefect.yaml
 CANCEL_GRACE_S = 180.0  # a cancelled node's worker stops it well within this; longer: the node is gone
 
 
@@ -75,25 +72,22 @@ def launch_train_nodes_task(config: PipelineConfig, deployment: str, work_queues
     """One flow run of `deployment` per entry of `work_queues` (None: the deployment's own queue; then no per-node
     `gpu` limit is known and each holds `gpu`), node i with train.node_rank i. Idempotent per parent flow run."""
     parent = flow_run.get_id() or f"local-{time.time_ns()}"
-    runs = []
-    for i, queue in enumerate(work_queues):
-        params = {
+    runs = launch_children(
+        deployment,
+        work_queues,
+        parameters=lambda i, queue: {
             "config": node_config(config, len(work_queues), i).model_dump(mode="json"),
             "rendezvous_token": parent,
             "gpu_limit": node_gpu_limit(queue) if queue else GPU_LIMIT,
-        }
-        run = run_deployment(
-            deployment,
-            parameters=params,
-            timeout=0,
-            work_queue_name=queue,
-            idempotency_key=f"{parent}-train-node-{i}",
-            flow_run_name=f"train {config.run_dir} [node {i}: {queue or 'any'}]",
-        )
-        assert isinstance(run, FlowRun)
-        runs.append(NodeRun(id=str(run.id), name=run.name, work_queue=queue, node_rank=i))
-        get_run_logger().info("node %d: started %s (%s) on work queue %s", i, run.name, run.id, queue or "(any)")
-    return runs
+        },
+        run_name=lambda i, queue: f"train {config.run_dir} [node {i}: {queue or 'any'}]",
+        key=f"{parent}-train-node",
+        label="node",
+    )
+    return [
+        NodeRun(id=str(r.id), name=r.name, work_queue=q, node_rank=i)
+        for i, (r, q) in enumerate(zip(runs, work_queues, strict=True))
+    ]
 
 
 def read_nodes(runs: list[NodeRun]) -> list[NodeResult]:
@@ -197,9 +191,7 @@ def train_fanout_outcome(s: TrainFanoutSummary) -> TrainFanoutSummary | State:
     return Failed(message=message, data=NodeFailedError(message))
 
 
-def train_on_nodes(
-    config: PipelineConfig, deployment: str = NODE_DEPLOYMENT, poll_s: float = 10.0
-) -> TrainFanoutSummary | State:
+def train_on_nodes(config: PipelineConfig, deployment: str, poll_s: float = 10.0) -> TrainFanoutSummary | State:
     """The train stage over train.nodes nodes (call it from a flow): one `deployment` flow run per node, node i on
     train.work_queues[i] (or all on the deployment's queue), watched to the end; the summary, or Failed."""
     queues: list[str | None] = list(config.train.work_queues) or [None] * config.train.nodes

@@ -1,7 +1,7 @@
 """extract-fanout: one extract flow run per node on one run directory, started through a deployment, watched, and
 summed up into one progress/ETA view and one table.
 
-    launch_children_task   run_deployment(timeout=0) once per node (its work queue), extract.share_run_dir on
+    launch_children_task   one child per node (its work queue: tasks/children.py), extract.share_run_dir on
     watch_children_task    until every child ends: the run's progress artifact from the store (shared storage),
                            the children's states
     report_fanout_task     each child's shard table artifact (which shards it extracted) + the store's manifests
@@ -20,9 +20,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-from prefect.client.schemas.objects import FlowRun
 from prefect.client.schemas.sorting import ArtifactSort
-from prefect.deployments import run_deployment
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 from pydantic import BaseModel
@@ -32,16 +30,8 @@ from eagle3.config_merge import without_nulls
 from eagle3.extract.shard import samples_on_disk
 from eagle3.store.run_store import RunStore
 from tasks.artifacts import markdown_artifact, run_key, table_artifact
+from tasks.children import FINAL, WATCH_TIMEOUT_S, ChildRun, child_states, launch_children
 from tasks.progress import ProgressArtifact, describe
-
-WATCH_TIMEOUT_S = 7 * 24 * 3600  # the children's own timeouts bound them; this only bounds a lost parent
-FINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-
-
-class ChildRun(BaseModel):
-    id: str
-    name: str
-    work_queue: str | None
 
 
 class ChildResult(BaseModel):
@@ -84,20 +74,14 @@ def launch_children_task(config: PipelineConfig, deployment: str, work_queues: l
         )
     parent = flow_run.get_id() or "local"
     params = {"config": without_nulls(child_config(config).model_dump(mode="json"))}  # the node form's schema: no nulls
-    children = []
-    for i, queue in enumerate(work_queues):
-        run = run_deployment(  # sync here: returns the new FlowRun
-            deployment,
-            parameters=params,
-            timeout=0,
-            work_queue_name=queue,
-            idempotency_key=f"{parent}-child-{i}",
-            flow_run_name=f"extract {config.run_dir} [{queue or 'node'} {i}]",
-        )
-        assert isinstance(run, FlowRun)
-        children.append(ChildRun(id=str(run.id), name=run.name, work_queue=queue))
-        get_run_logger().info("started %s (%s) on work queue %s", run.name, run.id, queue or "(deployment's)")
-    return children
+    runs = launch_children(
+        deployment,
+        work_queues,
+        parameters=lambda i, queue: params,
+        run_name=lambda i, queue: f"extract {config.run_dir} [{queue or 'node'} {i}]",
+        key=f"{parent}-child",
+    )
+    return [ChildRun(id=str(r.id), name=r.name, work_queue=q) for r, q in zip(runs, work_queues, strict=True)]
 
 
 @task(name="watch-children", retries=0, timeout_seconds=WATCH_TIMEOUT_S, cache_policy=NO_CACHE)
@@ -132,15 +116,6 @@ def watch_children_task(config: PipelineConfig, children: list[ChildRun], poll_s
         if running == 0:
             return states
         time.sleep(poll_s)
-
-
-def child_states(children: list[ChildRun]) -> dict[str, str]:
-    with get_client(sync_client=True) as client:
-        out = {}
-        for c in children:
-            run = client.read_flow_run(UUID(c.id))
-            out[c.id] = run.state.type.value if run.state is not None else "PENDING"
-        return out
 
 
 @task(name="report-fanout", retries=1, retry_delay_seconds=2, timeout_seconds=600, cache_policy=NO_CACHE)

@@ -1,5 +1,6 @@
-"""What an extract flow run tells the world: run progress with an ETA over shards running at once, the shard
-table, the failed-shards table, the markdown summary, events, and the flow's final state.
+"""What an extract flow run tells the world: the shard table, the failed-shards table, the markdown summary, events
+(tasks/events.py), and the flow's final state. Its run progress over shards running at once is tasks/progress.py's
+`RunProgressBoard`.
 
 Events (resource `eagle3.run.<run directory name>`):
     eagle3.disk.low      a disk check failed (payload: DiskCheck.as_event_payload(): need, free, total, reserve, ...)
@@ -9,25 +10,21 @@ Events (resource `eagle3.run.<run directory name>`):
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.events import emit_event
 from prefect.states import Failed, State
 
 from eagle3.config import PipelineConfig
 from eagle3.extract.disk import DiskBudgetError
-from eagle3.progress import Progress
 from eagle3.store.failed_shards import failed_shards
 from eagle3.store.run_store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import markdown_artifact, run_key, table_artifact
+from tasks.events import emit_run_event
 from tasks.extract.plan import ExtractIncomplete, ExtractPlan, ExtractSummary, ShardResult
-from tasks.progress import ProgressArtifact, RunProgressRef, describe, finish_run_progress
+from tasks.progress import finish_run_progress
 
 REPORT_TIMEOUT_S = 10 * 60
 GB = 1e9
@@ -42,17 +39,6 @@ def retry_hint(run_dir: str) -> str:
 
 
 # events ----------------------------------------------------------------------------------------------------
-def emit_run_event(run_dir: str, event: str, payload: dict[str, Any]) -> None:
-    """A Prefect event about the run directory: resource `eagle3.run.<name>` (related: the current run)."""
-    name = Path(run_dir).resolve().name or "run"
-    resource = {
-        "prefect.resource.id": f"eagle3.run.{name}",
-        "prefect.resource.name": name,
-        "eagle3.run_dir": str(Path(run_dir).resolve()),
-    }
-    emit_event(event=event, resource=resource, payload=payload)
-
-
 def disk_low(run_dir: str, e: DiskBudgetError) -> None:
     """Emit `eagle3.disk.low` (the task then fails with the error's message: need, free, what to do)."""
     emit_run_event(run_dir, "eagle3.disk.low", e.check.as_event_payload())
@@ -72,49 +58,6 @@ def shard_event(row: dict[str, Any]) -> dict[str, Any]:
 def completed_event(s: ExtractSummary) -> dict[str, Any]:
     """Payload of `eagle3.run.completed`."""
     return {"shards": s.shards, "samples": s.samples, "expected": s.expected, "tokens": s.tokens, "bytes": s.bytes}
-
-
-# run progress over shards that run at once -----------------------------------------------------------------
-class RunProgressBoard:
-    """The run-level progress artifact of one flow run, fed by all its shard tasks at once (one board per flow run:
-    its FlowContext's `board()`): done = the sum over shards, rate = samples worked here per second since the first
-    report."""
-
-    def __init__(self, ref: RunProgressRef, logger: Any):
-        self.ref = ref
-        self.artifact = ProgressArtifact(logger, artifact_id=ref.artifact_id)
-        self.shards: dict[int, Progress] = {}
-        self.start = time.monotonic()
-        self._lock_self = threading.Lock()
-
-    def report(self, shard: int, p: Progress) -> None:
-        with self._lock_self:
-            self.shards[shard] = p
-            done = sum(x.done for x in self.shards.values())
-            worked = sum(x.done - x.skipped for x in self.shards.values())
-            tokens = sum(x.tokens for x in self.shards.values())
-            eta_tokens = self.tokens_left(tokens)
-        elapsed = max(1e-9, time.monotonic() - self.start)
-        rate = worked / elapsed if worked > 0 else 0.0
-        if eta_tokens is not None and tokens > 0:  # the work is prefill tokens: one long sample moves it by its length
-            eta: float | None = eta_tokens * elapsed / tokens
-        else:
-            eta = (self.ref.total - done) / rate if rate > 0 else None
-        final = done >= self.ref.total
-        fraction = done / self.ref.total if self.ref.total else 1.0
-        text = describe(done, self.ref.total, "samples", tokens / elapsed, eta)
-        self.artifact.update(100 * fraction, text, force=final)
-
-    def tokens_left(self, tokens: int) -> int | None:
-        """Tokens still to extract: the shards that reported know theirs; the others are estimated at the same
-        tokens per sample. None before any shard reported its tokens."""
-        units = sum(x.total for x in self.shards.values())
-        known = sum(x.total_tokens for x in self.shards.values())
-        if units <= 0 or known <= 0:
-            return None
-        total = known * self.ref.total / units
-        settled = sum(x.settled_tokens for x in self.shards.values())
-        return max(0, round(total - settled - tokens))
 
 
 # the report task -------------------------------------------------------------------------------------------

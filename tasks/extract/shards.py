@@ -3,9 +3,9 @@ server of the flow run busy with its own shards.
 
 The pieces around it: tasks/extract/open_run.py (open the run, the disk budget), tasks/extract/claim.py (taking
 a shard's lease, the states a shard task hands back), eagle3/extract/pool.py (the servers, lent to one shard
-task at a time), tasks/extract/hold.py (the run lock and the shard leases), tasks/extract/report.py (progress,
-tables, events, the flow's outcome), tasks/extract/plan.py (what the tasks pass each other), and
-tasks/flow_context.py (the flow run's lock, servers and progress board, which the flow passes to these tasks
+task at a time), tasks/hold.py (the run lock and the shard leases), tasks/progress.py (the run's progress board),
+tasks/extract/report.py (tables, events, the flow's outcome), tasks/extract/plan.py (what the tasks pass each
+other), and tasks/flow_context.py (the flow run's lock, servers and progress board, which the flow passes to these tasks
 as `ctx`).
 
 A shard task takes the shard's lease (eagle3.store.lease) before it looks for work, so no shard is extracted by two
@@ -46,9 +46,9 @@ from tasks.extract.plan import (
     ShardResult,
     ShardStillLeased,
 )
-from tasks.extract.report import RunProgressBoard, disk_low
+from tasks.extract.report import disk_low
 from tasks.flow_context import FlowContext
-from tasks.progress import RunProgressRef, TaskProgress
+from tasks.progress import RunProgressBoard, RunProgressRef, TaskProgress
 
 SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.shard_size with care
 SHARD_RETRY_DELAY_S = 5

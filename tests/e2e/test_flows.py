@@ -87,7 +87,7 @@ def demo_run(prefect_server: str, demo_model: Path, tmp_path_factory: pytest.Tem
     path = write_config(tmp, "run", ("prepare", "synthesize", "extract", "convert", "train", "export", "evaluate"))
     env = {**os.environ, "PREFECT_API_URL": prefect_server}
     proc = subprocess.run(
-        [sys.executable, "-m", "eagle3.cli", "run", str(path)],
+        [sys.executable, "-m", "flows.cli", "run", str(path)],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -31,7 +31,7 @@ COPIED = [
     "deploy/deployments.py",
     "deploy/serve.sh",
 ]
-LINKED = ["eagle3", ".venv"]
+LINKED = ["eagle3", "flows", ".venv"]
 
 
 def fresh_shell(script: str, home: Path, cwd: Path = Path("/")) -> subprocess.CompletedProcess[str]:
@@ -66,7 +66,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, st
 
 def register_pipeline_deployment(api_url: str) -> str:
     """The deployment the docs inspect, registered through the REST API (a flow and a deployment row)."""
-    flow = httpx.post(f"{api_url}/flows/", json={"name": "eagle3-pipeline"}, timeout=30).json()
+    flow = httpx.post(f"{api_url}/flows/", json={"name": "pipeline"}, timeout=30).json()
     deployment = httpx.post(
         f"{api_url}/deployments/", json={"name": "pipeline", "flow_id": flow["id"]}, timeout=30
     ).json()
@@ -80,13 +80,13 @@ def test_documented_prefect_commands_reach_the_projects_server_from_a_fresh_shel
     deployment_id = register_pipeline_deployment(api_url)
 
     # Only `cd` into the project: prefect.toml -> the project profile -> this server, on its non-default port.
-    inspect = fresh_shell(f"cd {proj} && .venv/bin/prefect deployment inspect eagle3-pipeline/pipeline", home)
+    inspect = fresh_shell(f"cd {proj} && .venv/bin/prefect deployment inspect pipeline/pipeline", home)
     assert inspect.returncode == 0, inspect.stdout + inspect.stderr
     assert deployment_id in inspect.stdout
     show = fresh_shell(f"cd {proj} && .venv/bin/python deploy/deployments.py show", home)
-    assert show.returncode == 0 and "deployment     eagle3-pipeline/pipeline" in show.stdout, show.stderr
+    assert show.returncode == 0 and "deployment     pipeline/pipeline" in show.stdout, show.stderr
     cli = fresh_shell(
-        f"cd {proj} && .venv/bin/python -c 'from eagle3 import cli; u = cli.prefect_api_url(); "
+        f"cd {proj} && .venv/bin/python -c 'from flows import cli; u = cli.prefect_api_url(); "
         "print(u, cli.check_server(u))'",
         home,
     )
@@ -94,7 +94,7 @@ def test_documented_prefect_commands_reach_the_projects_server_from_a_fresh_shel
 
     # From elsewhere: the one documented step, `source deploy/env.sh`.
     elsewhere = fresh_shell(
-        f"source {proj}/deploy/env.sh && {proj}/.venv/bin/prefect deployment inspect eagle3-pipeline/pipeline",
+        f"source {proj}/deploy/env.sh && {proj}/.venv/bin/prefect deployment inspect pipeline/pipeline",
         home,
         cwd=home,
     )
@@ -108,7 +108,7 @@ def test_without_a_running_server_prefect_says_so_instead_of_starting_a_throwawa
     proj, _, home = project
     bare = tmp_path / "never-served"
     shutil.copytree(proj, bare, symlinks=True, ignore=shutil.ignore_patterns(".prefect"))
-    out = fresh_shell(f"cd {bare} && .venv/bin/prefect deployment inspect eagle3-pipeline/pipeline", home)
+    out = fresh_shell(f"cd {bare} && .venv/bin/prefect deployment inspect pipeline/pipeline", home)
     assert out.returncode != 0
     assert "No Prefect API URL provided" in out.stdout + out.stderr
     assert not (bare / ".prefect" / "prefect.db").exists()

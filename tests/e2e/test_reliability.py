@@ -73,7 +73,7 @@ def copy_store(src: Path, dst: Path, *, keep_samples: bool = True) -> RunStore:
 
 def eagle3(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "eagle3.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "flows.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -142,7 +142,7 @@ def test_a_second_run_on_a_locked_run_directory_refuses_and_nothing_is_corrupted
     config_path = write_config(tmp_path, store.root)
     cfg = load_config(config_path, ["stages=[extract]"])
     first = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "run", str(config_path), "--stages", "extract"],
+        [sys.executable, "-m", "flows.cli", "run", str(config_path), "--stages", "extract"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

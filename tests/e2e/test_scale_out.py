@@ -114,7 +114,7 @@ def test_two_servers_in_one_flow_run_fill_the_run_with_their_own_shards_byte_ide
 
 def start_extract(config_path: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "run", str(config_path), "--stages", "extract"],
+        [sys.executable, "-m", "flows.cli", "run", str(config_path), "--stages", "extract"],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -59,7 +59,7 @@ def test_a_pipeline_killed_mid_synthesize_reruns_only_the_missing_samples_throug
     store = RunStore(cfg.run_dir)
     samples_dir = synth.synthesized_dir(store) / "samples"
     first = subprocess.Popen(
-        [sys.executable, "-m", "eagle3.cli", "run", str(path)],
+        [sys.executable, "-m", "flows.cli", "run", str(path)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -136,7 +136,7 @@ def test_a_run_whose_node_dies_is_marked_crashed_when_its_heartbeats_stop(served
     worker_pid = int((served.home / "worker.pid").read_text())
     try:
         with get_client(sync_client=True) as client:
-            deployment = client.read_deployment_by_name("eagle3-pipeline/pipeline")
+            deployment = client.read_deployment_by_name("pipeline/pipeline")
             run = client.create_flow_run_from_deployment(deployment.id, parameters={"config": config})
             deadline = time.monotonic() + 180
             while not client.read_flow_run(run.id).state.is_running():  # type: ignore[union-attr]

@@ -36,10 +36,10 @@ def test_every_deployment_loads_and_its_parameters_and_schedules_validate() -> N
             schedule = d.schedule_of(s, flow.fn, entry["name"], None)
             assert not schedule.active
     assert names == {
-        "eagle3-pipeline/pipeline",
-        "eagle3-pipeline/convert",
-        "eagle3-pipeline/grow",
-        "eagle3-train/train",
+        "pipeline/pipeline",
+        "pipeline/convert",
+        "pipeline/grow",
+        "train/train",
         "extract/extract",
         "extract/extract-node",
         "extract-fanout/extract-fanout",

@@ -32,7 +32,7 @@ def test_a_failed_run_shows_its_reason_on_its_page_and_in_its_failure_artifact(
 ) -> None:
     run_dir = tmp_path / "ui-no-data"
     missing = tmp_path / "no-such-prompts.jsonl"
-    open_custom_run(page, "pipeline", "eagle3-pipeline")
+    open_custom_run(page, "pipeline", "pipeline")
     fill(page, "Run Dir", str(run_dir))
     remove_tags(page, "Stages", keep=["prepare"])
     fill(page, "Dataset", str(missing))

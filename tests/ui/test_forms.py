@@ -33,8 +33,8 @@ def flow_run_count(deployment: str) -> int:
 def test_a_pipeline_run_submitted_without_edits_starts_nothing_and_names_the_missing_run_dir(
     served: Served, page: Page
 ) -> None:
-    before = flow_run_count("eagle3-pipeline/pipeline")
-    open_custom_run(page, "pipeline", "eagle3-pipeline")
+    before = flow_run_count("pipeline/pipeline")
+    open_custom_run(page, "pipeline", "pipeline")
     run_dir = body(prop(page, "Run Dir"))
     expect(run_dir.locator("textarea, input").first).to_have_value("")  # no default store to write into
     page.get_by_role("button", name="Submit").click()
@@ -42,7 +42,7 @@ def test_a_pipeline_run_submitted_without_edits_starts_nothing_and_names_the_mis
     shot(page, "11-default-submit-refused")
     page.wait_for_timeout(3000)  # a run created now would show up in the count below
     assert "/run" in page.url  # still on the form
-    assert flow_run_count("eagle3-pipeline/pipeline") == before
+    assert flow_run_count("pipeline/pipeline") == before
 
 
 @pytest.mark.parametrize(
@@ -68,14 +68,14 @@ def test_the_small_forms_show_a_title_and_a_description_for_every_parameter(
 def test_the_pipeline_form_shows_the_common_case_and_marks_each_section_with_its_stages(
     served: Served, page: Page
 ) -> None:
-    open_custom_run(page, "pipeline", "eagle3-pipeline")
+    open_custom_run(page, "pipeline", "pipeline")
     expect(prop(page, "Data")).to_contain_text("Only the prepare stage reads this section; its other keys: Overrides")
     labels = page.locator(".schema-form-property__label")
     assert not [t for t in labels.all_inner_texts() if t.startswith(("Train ", "Evaluate "))]  # the train form's
     # was 88 with every section; 47 when first cut, before #16 and #19 added their keys (data sources, Hub subset
     # and revision, chat template and kwargs, synthesize concurrency/timeouts/retries/on_truncated, store_dtype)
     assert labels.count() < 70
-    open_custom_run(page, "train", "eagle3-train")
+    open_custom_run(page, "train", "train")
     expect(prop(page, "Train")).to_contain_text("Only the stages convert, train read this section")
     train_labels = page.locator(".schema-form-property__label").all_inner_texts()
     assert not [t for t in train_labels if t.split(" (")[0] in ("Synthesize", "Data", "Extract")]

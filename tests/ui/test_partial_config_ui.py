@@ -1,5 +1,5 @@
 """Issue 34 in the browser (Debian's Chromium, driven by Playwright): a run started the way docs/gpu-node.md
-teaches, `prefect deployment run eagle3-train/train --params '{"config": {"run_dir": ...}}'`, keeps the train
+teaches, `prefect deployment run train/train --params '{"config": {"run_dir": ...}}'`, keeps the train
 deployment's stages and devices, and its page's logs say which settings came from where; the forms of the
 deployments that take `config` show no str/None switch ("Property is type None")."""
 
@@ -36,7 +36,7 @@ NONE_TYPE = 'Property is type "None"'
 
 @pytest.mark.parametrize(
     ("deployment", "flow"),
-    [("pipeline", "eagle3-pipeline"), ("train", "eagle3-train"), ("extract", "extract"), ("grow", "eagle3-pipeline")],
+    [("pipeline", "pipeline"), ("train", "train"), ("extract", "extract"), ("grow", "pipeline")],
 )
 def test_the_config_forms_show_no_null_switch(served: Served, page: Page, deployment: str, flow: str) -> None:
     open_custom_run(page, deployment, flow)
@@ -47,8 +47,8 @@ def test_the_config_forms_show_no_null_switch(served: Served, page: Page, deploy
 
 @pytest.mark.parametrize(
     ("deployment", "flow"),
-    [("pipeline", "eagle3-pipeline"), ("extract", "extract"), ("convert", "eagle3-pipeline"),
-     ("train", "eagle3-train"), ("grow", "eagle3-pipeline")],
+    [("pipeline", "pipeline"), ("extract", "extract"), ("convert", "pipeline"),
+     ("train", "train"), ("grow", "pipeline")],
 )  # fmt: skip
 def test_each_config_form_fits_two_screens_at_1280x800_with_the_rest_in_overrides(
     served: Served, page: Page, deployment: str, flow: str
@@ -73,7 +73,7 @@ def test_a_train_run_given_only_run_dir_keeps_the_deployments_stages_and_devices
 
     params = json.dumps({"config": {"run_dir": str(tmp_path / "partial")}})
     out = subprocess.run(  # as docs/gpu-node.md writes it
-        [sys.executable, "-m", "prefect", "deployment", "run", "eagle3-train/train", "--params", params],
+        [sys.executable, "-m", "prefect", "deployment", "run", "train/train", "--params", params],
         cwd=REPO, env=served.env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
@@ -83,7 +83,7 @@ def test_a_train_run_given_only_run_dir_keeps_the_deployments_stages_and_devices
     settle(page)
     wait_for_state(page, "Failed")  # no converted store in run_dir: train fails, but it is train that ran
     expect(page.get_by_text("Settings given by this run: run_dir", exact=False).first).to_be_visible(timeout=30_000)
-    kept = "Settings of the deployment `eagle3-train/train` kept: evaluate.device, server.device, stages, train.device"
+    kept = "Settings of the deployment `train/train` kept: evaluate.device, server.device, stages, train.device"
     expect(page.get_by_text(kept, exact=False).first).to_be_visible()
     shot(page, "34-partial-config-run-logs")
     with get_client(sync_client=True) as client:
@@ -98,7 +98,7 @@ def test_a_setting_the_form_does_not_show_is_set_in_overrides_and_reaches_the_ru
 ) -> None:
     from prefect import get_client
 
-    open_custom_run(page, "train", "eagle3-train")
+    open_custom_run(page, "train", "train")
     fill(page, "Run Dir", str(tmp_path / "overridden"))
     add_items(page, "Overrides", ["train.lr=0.001", "evaluate.device=cpu"])
     url = submit_and_open_run(page)

@@ -31,7 +31,7 @@ def test_a_create_request_failing_once_injected_500_is_submitted_again_and_the_r
             route.continue_()
 
     page.route("**/create_flow_run", first_create_fails)
-    open_custom_run(page, "pipeline", "eagle3-pipeline")
+    open_custom_run(page, "pipeline", "pipeline")
     fill(page, "Run Dir", str(tmp_path / "retried"))
     remove_tags(page, "Stages", keep=["prepare"])
     fill(page, "Dataset", str(tmp_path / "no-such-prompts.jsonl"))

@@ -39,10 +39,10 @@ pytestmark = [pytest.mark.ui, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOYMENTS = {
-    "eagle3-pipeline/pipeline",
-    "eagle3-pipeline/convert",
-    "eagle3-pipeline/grow",
-    "eagle3-train/train",
+    "pipeline/pipeline",
+    "pipeline/convert",
+    "pipeline/grow",
+    "train/train",
     "extract/extract",
     "extract/extract-node",
     "extract-fanout/extract-fanout",
@@ -97,13 +97,13 @@ def test_make_serve_registers_the_pool_limits_deployments_schedule_and_automatio
             limit = 64 if name in ("extract/extract-node", "train-node/train-node") else 1  # one run per node at once
             assert d.global_concurrency_limit is not None and d.global_concurrency_limit.limit == limit, name
             assert d.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(REPO)}}], name
-        pipeline = deployments["eagle3-pipeline/pipeline"]
+        pipeline = deployments["pipeline/pipeline"]
         assert pipeline.entrypoint == "flows/pipeline.py:pipeline"
         assert "shard_size" not in pipeline.parameters["config"].get("data", {})  # no defaults stored: forms are short
         (nightly,) = pipeline.schedules
         assert nightly.slug == "re-extract-nightly" and not nightly.active
         assert nightly.parameters["config"]["run_dir"] == "data/runs/nightly"
-        assert deployments["eagle3-pipeline/convert"].parameters["config"]["stages"] == ["convert"]
+        assert deployments["pipeline/convert"].parameters["config"]["stages"] == ["convert"]
         automations = {a.name: a for a in client.read_automations()}
         assert automations["crash-zombie-runs"].enabled
         assert not automations["retry-failed-shards"].enabled
@@ -120,7 +120,7 @@ def test_a_pipeline_run_from_the_form_completes_with_full_progress_and_a_shard_t
         expect(deployment_link(page, deployment, flow)).to_be_visible()
     shot(page, "01-deployments")
 
-    open_custom_run(page, "pipeline", "eagle3-pipeline")
+    open_custom_run(page, "pipeline", "pipeline")
     fill_pipeline_form(page, run_dir, ["prepare", "extract"])
     shot(page, "02-run-form")
     url = submit_and_open_run(page, screenshot="03-run-submitted")
@@ -175,7 +175,7 @@ def test_a_failed_shard_shows_in_the_failed_shards_table_and_retry_failed_from_t
     run_dir = tmp_path / "ui-broken"
     good_shard_1 = prepare_with_a_broken_sample(run_dir, demo_model)
 
-    open_custom_run(page, "pipeline", "eagle3-pipeline")
+    open_custom_run(page, "pipeline", "pipeline")
     fill_pipeline_form(page, run_dir, ["extract"])
     check_form_parameters(submit_and_open_run(page), run_dir, ["extract"])
     wait_for_state(page, "Failed")

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 import yaml
 
-from eagle3 import cli
 from eagle3.config import PipelineConfig
 from eagle3.extract.shard import extract_shard
 from eagle3.store.lease import ShardLease
 from eagle3.store.lock import RunLock
 from eagle3.store.run_store import PreparedManifest, RunInfo, RunStore, SampleEntry, ShardManifest
 from eagle3.store.verify import QUARANTINE
+from flows import cli
 from tests.unit.tiny_store import ScriptedEngine, make_store
 
 REPO = Path(__file__).resolve().parents[2]

@@ -57,14 +57,14 @@ def test_a_partial_config_keeps_the_deployments_stages_and_devices(entry: dict[s
 
 def test_the_summary_says_which_keys_the_run_gave_kept_from_the_deployment_and_replaced() -> None:
     own = {"stages": ["train", "export", "evaluate"], "train": {"device": "cuda", "init": "previous"}}
-    config, sources = merge_config(own, {"run_dir": "r", "train": {"device": "cpu"}}, "eagle3-train/train")
+    config, sources = merge_config(own, {"run_dir": "r", "train": {"device": "cpu"}}, "train/train")
     assert config.stages == ["train", "export", "evaluate"] and config.train.device == "cpu"
     assert config.train.init == "previous"  # a sibling of a given key is kept too: the merge is deep
     assert sources.given == ["run_dir", "train.device"]
     assert sources.kept == ["stages", "train.init"] and sources.overridden == ["train.device"]
     lines = sources.lines()
     assert "run_dir, train.device (replacing the deployment's train.device)" in lines[0]
-    assert lines[1] == "Settings of the deployment `eagle3-train/train` kept: stages, train.init"
+    assert lines[1] == "Settings of the deployment `train/train` kept: stages, train.init"
 
 
 def test_a_run_without_a_deployment_says_its_config_is_its_own() -> None:
@@ -75,18 +75,18 @@ def test_a_run_without_a_deployment_says_its_config_is_its_own() -> None:
 
 def test_a_bad_given_key_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=r"train\.devic"):
-        merge_config({}, {"train": {"devic": "cuda"}}, "eagle3-train/train")
+        merge_config({}, {"train": {"devic": "cuda"}}, "train/train")
 
 
 def test_overrides_set_the_keys_a_form_does_not_show_and_count_as_given() -> None:
     own = {"stages": ["train", "export", "evaluate"], "train": {"device": "cuda"}}
-    config, sources = merge_config(own, {"run_dir": "r"}, "eagle3-train/train", ["train.lr=0.001", "data_dir=d2"])
+    config, sources = merge_config(own, {"run_dir": "r"}, "train/train", ["train.lr=0.001", "data_dir=d2"])
     assert config.train.lr == 0.001 and config.data_dir == "d2" and config.train.device == "cuda"
     assert sources.given == ["data_dir", "run_dir", "train.lr"]
     from eagle3.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"must look like key\.sub=value"):
-        merge_config(own, {}, "eagle3-train/train", ["train.lr 0.001"])
+        merge_config(own, {}, "train/train", ["train.lr 0.001"])
 
 
 def test_the_run_summary_lists_where_the_settings_came_from(tmp_path: Path) -> None:
@@ -94,8 +94,8 @@ def test_the_run_summary_lists_where_the_settings_came_from(tmp_path: Path) -> N
     from tasks.summary import summary_markdown
 
     own = {"stages": ["train", "export", "evaluate"], "train": {"device": "cuda"}}
-    config, sources = merge_config(own, {"run_dir": str(tmp_path)}, "eagle3-train/train")
+    config, sources = merge_config(own, {"run_dir": str(tmp_path)}, "train/train")
     text = summary_markdown(config, RunStore(tmp_path), sources)
     assert "Stages of this flow run: train, export, evaluate" in text
     assert "- Settings given by this run: run_dir" in text
-    assert "- Settings of the deployment `eagle3-train/train` kept: stages, train.device" in text
+    assert "- Settings of the deployment `train/train` kept: stages, train.device" in text

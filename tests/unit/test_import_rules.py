@@ -1,16 +1,16 @@
-"""DESIGN.md's rooms, checked on the source with `ast` (nothing is imported):
+"""The import rules of our code (eagle3/__init__.py draws the packages), checked on the source with `ast` (nothing
+is imported):
 
 eagle3/<package>/  imports of ours only what its __init__.py's "May import:" line names (eagle3/__init__.py
                says it for the top-level modules); the packages' rules form no cycle, and neither do the imports.
 
-eagle3/        never imports prefect, flows or tasks; never sglang at module level. One exemption:
-               eagle3/cli.py, the entry point, imports prefect and flows inside the commands that run
-               flows (never at module level). Why it stays there: the `eagle3` console script is the one
-               command a user types; its library commands (status, doctor, model, config) run without Prefect,
-               and only the commands that are flows reach up to flows/ when they run.
+eagle3/        never imports prefect, flows or tasks, not even inside a function; never sglang at module level.
+               The `eagle3` command, whose commands run flows, is flows/cli.py.
                No import cycles between eagle3/ modules, not even through an import inside a function.
 eagle3/train/  (trainer, torchrun worker, launcher, plots) never imports prefect: torchrun runs it bare.
-tasks/         never imports flows; tasks/extract/ (the extract flows' tasks) included.
+tasks/         never imports flows; tasks/extract/ (the extract flows' tasks) included. The glue every flow shares
+               (run lock, progress board, events, child launches) sits at the top of tasks/: tasks/extract/ imports
+               only those top-level modules and its own, and nothing else in tasks/ imports tasks/extract/.
 server_patch/  imports nothing of ours except eagle3.store.dump_protocol, eagle3.store.sample_format, eagle3.store.fsio
                (the store-format modules; they run inside SGLang's processes), and never prefect.
 """
@@ -23,8 +23,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 OURS = ("eagle3", "flows", "tasks", "server_patch")
-#: The only eagle3/ module that may import Prefect or the flows at all, and only inside functions.
-ENTRY_POINT = "eagle3/cli.py"
 #: What server_patch/ may import of ours (each must itself import nothing of ours beyond this set).
 SERVER_PATCH_ALLOWED = {"eagle3.store.dump_protocol", "eagle3.store.sample_format", "eagle3.store.fsio"}
 #: The packages around them, shipped with them into SGLang's environment (deploy/sglang_env.sh): docstrings only.
@@ -65,14 +63,10 @@ def top(module: str) -> str:
     return module.split(".")[0]
 
 
-def violations(
-    package: str, banned: set[str], *, module_level_only: bool, skip: frozenset[str] = frozenset()
-) -> list[str]:
+def violations(package: str, banned: set[str], *, module_level_only: bool) -> list[str]:
     found = []
     for path in sources(package):
         rel = str(path.relative_to(REPO))
-        if rel in skip:
-            continue
         for line, module in imports(path, module_level_only=module_level_only):
             if top(module) in banned:
                 found.append(f"{rel}:{line} imports {module}")
@@ -80,11 +74,7 @@ def violations(
 
 
 def test_the_library_never_imports_prefect_flows_or_tasks() -> None:
-    assert violations("eagle3", {"prefect", "flows", "tasks"}, module_level_only=True) == []
-    assert (
-        violations("eagle3", {"prefect", "flows", "tasks"}, module_level_only=False, skip=frozenset({ENTRY_POINT}))
-        == []
-    )
+    assert violations("eagle3", {"prefect", "flows", "tasks"}, module_level_only=False) == []
 
 
 def test_the_library_imports_sglang_only_inside_functions() -> None:
@@ -163,9 +153,36 @@ def import_cycle(package: str, root: Path = REPO) -> list[str]:
 
 def test_the_new_packages_exist_and_keep_the_rules() -> None:
     assert {p.name for p in sources("eagle3/train")} >= {"__init__.py", "trainer.py", "worker.py", "launch.py"}
-    assert {p.name for p in sources("tasks/extract")} >= {"__init__.py", "shards.py", "hold.py", "report.py"}
+    assert {p.name for p in sources("tasks/extract")} >= {"__init__.py", "shards.py", "report.py"}
     assert violations("eagle3/train", {"prefect", "flows", "tasks"}, module_level_only=False) == []
     assert violations("tasks/extract", {"flows"}, module_level_only=False) == []
+
+
+def test_tasks_shared_glue_sits_at_the_top_and_only_the_extract_flows_reach_into_tasks_extract() -> None:
+    outside = [p for p in sources("tasks") if "extract" not in p.relative_to(REPO / "tasks").parts[:-1]]
+    found = [
+        f"{p.relative_to(REPO)}:{line} imports {module}"
+        for p in outside
+        for line, module in imports(p, module_level_only=False)
+        if module == "tasks.extract" or module.startswith("tasks.extract.")
+    ]
+    assert found == []
+    upward = []  # tasks/extract/ imports its own modules or tasks/<module>.py, never another sub-package of tasks/
+    for p in sources("tasks/extract"):
+        for line, module in imports(p, module_level_only=False):
+            parts = module.split(".")
+            if parts[0] != "tasks" or parts[:2] == ["tasks", "extract"] or len(parts) == 1:
+                continue
+            if not (REPO / "tasks" / f"{parts[1]}.py").is_file():
+                upward.append(f"{p.relative_to(REPO)}:{line} imports {module}")
+    assert upward == []
+    flows_in = {
+        p.name
+        for p in sources("flows")
+        for _, m in imports(p, module_level_only=False)
+        if m.startswith("tasks.extract")
+    }
+    assert flows_in <= {"extract.py", "extract_fanout.py", "retry.py"}  # the extract flows, and only they
 
 
 def test_the_library_has_no_import_cycles() -> None:

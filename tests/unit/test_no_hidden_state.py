@@ -14,10 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Modules that read their own process's environment: torchrun's worker reads its rank (RANK, WORLD_SIZE,
-#: LOCAL_RANK: set by torchrun for that process), and the CLI is the edge that reads it for everything below it.
-#: The project venv's start-up hook (eagle3/project_env.py) exports the project's Prefect settings into its own
-#: process, before anything runs.
-ENV_READERS = {"eagle3/cli.py", "eagle3/train/worker.py", "eagle3/project_env.py"}
+#: LOCAL_RANK: set by torchrun for that process). The edges that read it for everything below them live outside
+#: eagle3/: the CLI (flows/cli.py), the tasks, and the project venv's start-up hook (deploy/project_env.py).
+ENV_READERS = {"eagle3/train/worker.py"}
 #: Module state that belongs to a process, not to tasks: the keeper process's signal handler notes the signal there
 #: (a handler has nowhere else to put it).
 PROCESS_STATE = {("eagle3/serving/keeper.py", "_stop_signal")}

@@ -11,8 +11,7 @@ import pytest
 
 import tasks.progress as prog
 from eagle3.progress import Progress, ProgressCounter
-from tasks.extract.report import RunProgressBoard
-from tasks.progress import RunProgressRef
+from tasks.progress import RunProgressBoard, RunProgressRef
 
 
 def test_with_a_total_in_tokens_the_eta_is_tokens_left_over_the_token_rate() -> None:

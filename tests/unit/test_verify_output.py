@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3 import cli
 from eagle3.extract.shard import extract_shard
+from flows import cli
 from tests.unit.tiny_store import ScriptedEngine, make_store
 
 

@@ -2,13 +2,14 @@
 
 Prefect reads prefect.toml from the current directory only, so `cd docs && ../.venv/bin/prefect ...` would miss
 it: another home (~/.prefect), no server address, a throw-away server on another port. The project's venv runs
-`apply()` at every interpreter start (a .pth file that `install()` writes, `make venv` calls it): inside the
+`apply()` at every interpreter start (a .pth file that `install()` writes, `make venv` calls it; its one line runs
+this file by its absolute path, and does nothing once the file is gone): inside the
 project tree but below its root, each setting of prefect.toml becomes its PREFECT_* environment variable (nested
 keys joined by "_", as Prefect names them; relative paths resolved against the root). prefect.toml stays the one
 place the settings live. Variables already exported win, as they do over prefect.toml; outside the project
 nothing changes.
 
-    python -m eagle3.project_env install     # write the .pth into this interpreter's site-packages
+    python deploy/project_env.py install     # write the .pth into this interpreter's site-packages
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout (the venv installs this package editable)
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: deploy/..
 SETTINGS = ROOT / "prefect.toml"
-PTH_NAME = "eagle3_project_env.pth"
+PTH_NAME = "eagle3_project_env.pth"  # the name an older install used too: install() replaces its line
 PATH_KEYS = {"home", "profiles_path"}  # values that are paths, relative to the project root
 
 
@@ -59,10 +60,21 @@ def apply(cwd: Path | None = None) -> dict[str, str]:
     return added
 
 
-def install() -> Path:
-    """Write the .pth that runs apply() at interpreter start into this interpreter's site-packages."""
-    pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
-    line = "import eagle3.project_env as _e3; _e3.apply()\n"
+def pth_line(script: Path | None = None) -> str:
+    """The .pth line that runs `script`'s (this file's) apply() at interpreter start; a file that is gone (a moved or
+    deleted checkout) is skipped without a word."""
+    path = str((script or Path(__file__)).resolve())
+    return (
+        f"import os, runpy; _e3 = {path!r}; "
+        "os.path.isfile(_e3) and runpy.run_path(_e3, run_name='eagle3_project_env')['apply']()\n"
+    )
+
+
+def install(site: Path | None = None) -> Path:
+    """Write the .pth that runs apply() at interpreter start into `site` (this interpreter's site-packages),
+    replacing what an earlier install wrote there (`import eagle3.project_env ...`, before this file moved here)."""
+    pth = (site or Path(sysconfig.get_paths()["purelib"])) / PTH_NAME
+    line = pth_line()
     if not pth.is_file() or pth.read_text() != line:
         pth.write_text(line)
     return pth
@@ -70,5 +82,5 @@ def install() -> Path:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["install"]:
-        sys.exit("usage: python -m eagle3.project_env install")
+        sys.exit("usage: python deploy/project_env.py install")
     print(f"project_env: {install()}")

@@ -12,8 +12,9 @@
 The environment is read here and only here: Prefect's settings pick the server that `run` and `retry` report to
 (PREFECT_API_URL, else, in the project directory, the project profile that the local server's start wrote:
 prefect.toml); `doctor` passes the environment to the server it launches.
-Prefect and the flows are imported inside the commands that use them (this module is the one place in
-eagle3/ that may import them at all; tests/unit/test_import_rules.py enforces it).
+Prefect and the flows are imported inside the commands that use them, so the library's commands (status, verify,
+doctor, model, config) run without importing Prefect. The console script `eagle3` (pyproject.toml) is this module's
+`main`; it sits in flows/ because its commands run flows, and eagle3/ never imports flows/.
 """
 
 from __future__ import annotations
