@@ -5,17 +5,13 @@
     resolve_device("auto", cuda=nvidia_smi_present) the same, asked of the node (an SGLang server runs in another
                                                     interpreter: this process's torch does not speak for it)
     torch_device("auto", index=local_rank)          the torch.device of a setting (cuda:index on a GPU)
-    load_causal_lm(model_dir, dtype, device)        the one way a target model is loaded in this process (the
-                                                    transformers engine, the prompts stage, synthesize, the
-                                                    offline evaluator)
 """
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
@@ -48,16 +44,3 @@ def torch_device(setting: str, *, index: int | None = None) -> torch.device:
     if name == "cuda" and index is not None:
         return torch.device("cuda", index)
     return torch.device(name)
-
-
-def load_causal_lm(model_dir: Path, dtype: torch.dtype, device: torch.device | str | None) -> Any:
-    """AutoModelForCausalLM in eval mode, on `device`; None: spread by accelerate over the visible GPUs
-    (device_map="auto", for a model one GPU does not hold). No process-wide cache: the caller holds the weights as
-    long as it needs them (eagle3.extract.engines.transformers_engine.LoadedModels)."""
-    from transformers import AutoModelForCausalLM
-
-    if device is None:
-        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, device_map="auto")
-        return model.eval()
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    return model.to(device).eval()

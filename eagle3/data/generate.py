@@ -1,6 +1,6 @@
 """Generation with the target model, shared by the prompts stage (prompts.py), synthesize (synthesize.py) and
 the offline evaluator (eagle3/evaluate/offline.py): one way to load the target in this process (load_model, over
-eagle3.device.load_causal_lm), one stop-token rule (stop_token_ids, stop_token_ids_of), the model's input for a
+eagle3.target.load.load_causal_lm), one stop-token rule (stop_token_ids, stop_token_ids_of), the model's input for a
 conversation (prompt_ids) and the text of the generated ids (turn_of), and left-padded batched generation
 (generate_batch, generate_batches: our own static-cache loop, eagle3/data/decode_loop.py, on a GPU; transformers'
 `generate` otherwise).
@@ -22,10 +22,11 @@ from typing import Any
 
 from eagle3.config import ServerConfig, SynthesizeConfig
 from eagle3.data.chat import ChatTokenizer, Message, split_reasoning
-from eagle3.device import load_causal_lm, resolve_device
+from eagle3.device import resolve_device
 from eagle3.progress import Progress, ProgressCounter
 from eagle3.store.fsio import read_json
 from eagle3.store.run_store import DTYPES
+from eagle3.target.load import load_causal_lm
 
 log = logging.getLogger("eagle3.synthesize")
 

@@ -30,7 +30,7 @@ from eagle3.config import EvaluateConfig
 from eagle3.data.chat import ChatTokenizer, RowError
 from eagle3.data.eval_sets import EvalError, chat_rows, humaneval_rows, prompt_messages
 from eagle3.data.generate import stop_token_ids
-from eagle3.device import load_causal_lm, resolve_device, torch_device
+from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.evaluate.speculative import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
@@ -38,6 +38,7 @@ from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_json, read_json
 from eagle3.store.paths import RunPaths
 from eagle3.store.run_store import DTYPES, RunStore, read_record
+from eagle3.target.load import load_causal_lm
 
 OFFLINE_FORMAT = "eagle3-eval-offline/2"
 LABEL = "offline, transformers, this device"

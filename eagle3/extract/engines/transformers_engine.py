@@ -23,12 +23,13 @@ from typing import Any
 
 import torch
 
-from eagle3.device import load_causal_lm, torch_device
+from eagle3.device import torch_device
 from eagle3.extract.engines.base import Captured, EngineInfo, Failed, Outcome
 from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.store.run_store import DTYPES, PreparedSample
 from eagle3.store.sample_format import FP8_NAME, quantize_fp8
 from eagle3.target.files import read_model_facts
+from eagle3.target.load import load_causal_lm
 
 CONVENTION = "hf_hidden_states"
 INFLIGHT = 2  # launched batches queued on the device while the host hands one on (2 vs 1: +11%, docs/performance.md)
