@@ -9,6 +9,7 @@
     train/     the trainer, its torchrun worker and launcher, the plots
     evaluate/  offline acceptance and live serving speed
     release/   export, promotion of draft/current, the retraining plan
+    checks/    before a run: `eagle3 doctor` (is this node ready?) and the pipeline's pre-flight
 
 Beside them, the modules every part uses. What each may import of ours (tests/unit/test_import_rules.py
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
@@ -18,9 +19,7 @@ checks these lines and each package's own "May import:" line; lower lines never 
     config_merge: eagle3.config
     model_files:  eagle3.store
     tiny_models:  eagle3.store, eagle3.model_files
-    doctor:       eagle3.config, eagle3.model_files, eagle3.store, eagle3.serving, eagle3.extract
-    preflight:    eagle3.config, eagle3.model_files, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
-    cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.tiny_models, eagle3.store, eagle3.doctor
+    cli:          eagle3.config, eagle3.progress, eagle3.model_files, eagle3.tiny_models, eagle3.store, eagle3.checks
 
 Modules here never import Prefect or SGLang at module level; flows/ and tasks/ wrap them (eagle3/cli.py, the
 entry point, imports Prefect and the flows inside the commands that run flows).
