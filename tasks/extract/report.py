@@ -21,7 +21,7 @@ from prefect.events import emit_event
 from prefect.states import Failed, State
 
 from eagle3.config import PipelineConfig
-from eagle3.extract.disk import DiskBudgetError
+from eagle3.extract.disk import GB, DiskBudgetError
 from eagle3.progress import Progress
 from eagle3.store.failed_shards import failed_shards
 from eagle3.store.run_store import RunInfo, RunStore, ShardManifest
@@ -30,7 +30,6 @@ from tasks.extract.plan import ExtractIncomplete, ExtractPlan, ExtractSummary, S
 from tasks.progress import ProgressArtifact, RunProgressRef, describe, finish_run_progress
 
 REPORT_TIMEOUT_S = 10 * 60
-GB = 1e9
 
 
 def retry_hint(run_dir: str) -> str:
