@@ -15,6 +15,7 @@ Beside them, the modules every part uses. What each may import of ours (tests/un
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
 
     progress, device, versions, project_env:  nothing
+    lifetime:     nothing
     config:       eagle3.store
     config_merge: eagle3.config
     model_files:  eagle3.store
