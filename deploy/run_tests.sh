@@ -37,9 +37,10 @@ else
   # The third process holds the end-to-end tests that mostly wait (a schedule's ticks, heartbeats running out,
   # their own Prefect servers): ~4.7 minutes of wall, little CPU, which in the prefect process kept it waiting
   # while the cores idled (81% busy). Two self-contained CPU-bound library files (~4 minutes) fill its waits,
-  # so the three processes end together (docs/testing.md, session 19).
+  # so the three processes end together (docs/testing.md, session 19); the golden curve goes with test_retrain.py,
+  # whose demo store it shares (a session fixture: one build per process).
   waiting="tests/e2e/test_schedule.py tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
-  filling="tests/integration/test_generation.py tests/integration/test_retrain.py"
+  filling="tests/integration/test_generation.py tests/integration/test_retrain.py tests/integration/test_golden_curve.py"
   names=(library prefect waiting)
   groups=("tests/integration tests/unit $(printf -- '--ignore=%s ' $filling)"
           "tests/e2e tests/ui $(printf -- '--ignore=%s ' $waiting)"

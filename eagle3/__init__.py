@@ -11,14 +11,13 @@
     train/     the trainer, its torchrun worker and launcher, the plots
     evaluate/  offline acceptance and live serving speed
     release/   export, promotion of draft/current, the retraining plan
+    checks/    before a run: `eagle3 doctor` (is this node ready?) and the pipeline's pre-flight
 
 Beside them, the modules every part uses. What each may import of ours (tests/unit/test_import_rules.py
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
 
-    progress, device, versions:  nothing
+    progress, device, versions, lifetime:  nothing
     config_merge: eagle3.config
-    doctor:       eagle3.config, eagle3.target, eagle3.store, eagle3.serving, eagle3.extract
-    preflight:    eagle3.config, eagle3.target, eagle3.store, eagle3.data, eagle3.serving, eagle3.extract
 
 Modules here never import Prefect, flows/ or tasks/, and SGLang only inside functions; flows/ and tasks/ wrap them
 (the `eagle3` command is flows/cli.py).

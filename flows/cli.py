@@ -262,7 +262,7 @@ def progress_printer(console: Console, every_s: float = 5.0) -> ProgressFn:
 
 # doctor ----------------------------------------------------------------------------------------
 def cmd_doctor(cfg: PipelineConfig, *, launch: bool) -> int:
-    from eagle3.doctor import run_doctor
+    from eagle3.checks.doctor import run_doctor
 
     report = run_doctor(cfg, base_env=dict(os.environ), launch=launch)
     print(report.render())

@@ -1,4 +1,4 @@
-"""preflight: refuse, before the first stage, what a later stage would refuse (eagle3.preflight.check_run)."""
+"""preflight: refuse before the first stage what a later stage would refuse (eagle3.checks.preflight.check_run)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from eagle3.checks.preflight import check_run
 from eagle3.config import PipelineConfig
-from eagle3.preflight import check_run
 
 PREFLIGHT_TIMEOUT_S = 10 * 60  # hashes the model directory's small files and reads a few JSON files
 

@@ -14,24 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import torch
 from safetensors.torch import save
 
+from eagle3.convert.index import IndexRow, write_index
 from eagle3.convert.vocab import VOCAB_FORMAT
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json
 from eagle3.store.run_store import RunInfo, RunStore
 from eagle3.store.sample_format import FP8_NAME, encode_sample, quantize_fp8, write_sample
-
-INDEX_SCHEMA = pa.schema(
-    [
-        ("shard", pa.int32()),
-        ("sample_id", pa.string()),
-        ("path", pa.string()),
-        ("num_tokens", pa.int32()),
-        ("num_loss_tokens", pa.int32()),
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -132,7 +122,7 @@ def write_run(run_dir: Path, model_dir: Path, spec: SyntheticSpec, device: str =
         for j, (t, data) in enumerate(zip(spec.lengths, datas, strict=True)):
             sid = f"s{j:06d}"
             write_sample(store.sample_path(0, sid), data)
-            rows.append((0, sid, str(store.sample_path(0, sid).relative_to(run_dir)), t, t - t // 4))
+            rows.append(IndexRow(0, sid, str(store.sample_path(0, sid).relative_to(run_dir)), t, t - t // 4))
 
     info = RunInfo(
         model_path=str(model_dir),
@@ -153,18 +143,10 @@ def write_run(run_dir: Path, model_dir: Path, spec: SyntheticSpec, device: str =
         config={},
     )
     store.write_run_info(info)
-    cols = list(zip(*rows, strict=True))
-    table = pa.table(
-        {n: list(c) for n, c in zip(INDEX_SCHEMA.names, cols, strict=True)},
-        schema=INDEX_SCHEMA.with_metadata({"format": "eagle3-index/1", "fingerprint": "synthetic"}),
-    )
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as w:
-        w.write_table(table)
-    atomic_write_bytes(store.index_path, sink.getvalue().to_pybytes())
+    write_index(store.index_path, rows, "synthetic")
     d2t = used - torch.arange(len(used))
     t2d = torch.zeros(v, dtype=torch.bool)
     t2d[used] = True
     meta = {"format": VOCAB_FORMAT, "draft_vocab_size": str(len(used)), "target_vocab_size": str(v)}
     atomic_write_bytes(store.vocab_map_path, save({"d2t": d2t, "t2d": t2d}, metadata=meta))
-    return [run_dir / r[2] for r in rows]
+    return [run_dir / r.path for r in rows]

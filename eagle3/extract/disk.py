@@ -27,7 +27,7 @@ from eagle3.config import DiskConfig
 from eagle3.store.run_store import RunInfo, RunStore
 from eagle3.store.sample_format import FP8_NAME
 
-GB = 1e9
+GB = 1e9  # the one GB of the pipeline (disk.*_gb keys, doctor, the extraction's logs and tables)
 MB = 1 << 20
 #: Safetensors header of one sample file (measured 384..568 bytes: 4 tensors, metadata with a sample id of
 #: up to 160 characters), rounded up, plus one filesystem block of slack for the file's last block.

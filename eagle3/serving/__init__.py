@@ -3,5 +3,5 @@ launched server leaves and the keeper that ends it with its owner (record.py, ke
 requests (generation.py), and layer numbering: which HF hidden_states indices to capture (aux_layers.py) and
 how SGLang's model families number them (layers.py). Knows nothing of what the data or the draft are.
 
-May import: eagle3.config, eagle3.device, eagle3.store, eagle3.target
+May import: eagle3.config, eagle3.device, eagle3.lifetime, eagle3.store, eagle3.target
 """

@@ -26,13 +26,12 @@ dies, and SGLang's own children die with it (they set PR_SET_PDEATHSIG on their 
 given, is removed by the keeper on its way out if it still names this keeper (eagle3/serving/record.py).
 
 The keeper runs with the owner's interpreter in isolated mode (`-I`: no PYTHON* variables, no script or working
-directory on sys.path), importing only this module and eagle3.serving.procs (standard library).
+directory on sys.path), importing only this module, eagle3.serving.procs and eagle3.lifetime (standard library).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import select
@@ -43,10 +42,9 @@ import time
 from pathlib import Path
 from typing import IO
 
+from eagle3.lifetime import become_subreaper, die_with_parent
 from eagle3.serving import procs
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 1.0  # how often the keeper checks its owner's pid (the pipe and signals wake it at once)
 ORPHAN_GRACE_S = 3.0  # SIGTERM to SIGKILL when the owner died (SGLang itself takes ~5 s to end on SIGTERM)
 STOP = b"s"  # written by the owner's stop() before it closes the pipe
@@ -54,11 +52,6 @@ ROOT = Path(__file__).resolve().parents[2]  # the directory holding the eagle3 p
 _BOOT = (
     "import sys; sys.path.insert(0, sys.argv[1]); from eagle3.serving.keeper import main; sys.exit(main(sys.argv[2:]))"
 )
-
-
-def _prctl(option: int, arg: int) -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
 def keeper_argv(
@@ -209,10 +202,10 @@ def main(args: list[str]) -> int:
     me = os.getpid()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    become_subreaper()
 
     def arm() -> None:  # in the child, before exec: die with the keeper (its only thread forks it)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        die_with_parent(signal.SIGKILL)
         if os.getppid() != me:
             os._exit(1)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -15,7 +15,6 @@ trainer holding GPUs.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -28,16 +27,10 @@ from typing import Any
 
 from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint, read_state
+from eagle3.lifetime import die_with_parent
 from eagle3.store.paths import TrainPaths
 
-PR_SET_PDEATHSIG = 1
 RDZV_JOIN_TIMEOUT_S = 900  # how long the first node waits for the last to join (model loading, a slow worker start)
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send `sig` to this process when the thread that started it exits (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 @dataclass(frozen=True)

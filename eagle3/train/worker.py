@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from eagle3.device import torch_device
+from eagle3.lifetime import die_with_parent
 from eagle3.progress import Progress
 from eagle3.train.job import read_job
-from eagle3.train.launch import die_with_parent
 from eagle3.train.trainer import Trainer
 
 

@@ -18,7 +18,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed, State
 
 from eagle3.config import PipelineConfig
-from eagle3.extract.disk import DiskBudgetError
+from eagle3.extract.disk import GB, DiskBudgetError
 from eagle3.store.failed_shards import failed_shards
 from eagle3.store.run_store import RunInfo, RunStore, ShardManifest
 from tasks.artifacts import markdown_artifact, run_key, table_artifact
@@ -27,7 +27,6 @@ from tasks.extract.plan import ExtractIncomplete, ExtractPlan, ExtractSummary, S
 from tasks.progress import finish_run_progress
 
 REPORT_TIMEOUT_S = 10 * 60
-GB = 1e9
 
 
 def retry_hint(run_dir: str) -> str:

@@ -31,7 +31,7 @@ from prefect.states import State
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from eagle3.config import PipelineConfig
-from eagle3.extract.disk import DiskBudgetError, DiskGuard, shard_budget
+from eagle3.extract.disk import GB, DiskBudgetError, DiskGuard, shard_budget
 from eagle3.extract.pool import server_count
 from eagle3.extract.shard import RunMismatchError, extract_shard, shard_is_complete
 from eagle3.progress import Progress, ProgressFn
@@ -52,7 +52,6 @@ from tasks.progress import RunProgressBoard, RunProgressRef, TaskProgress
 
 SHARD_TIMEOUT_S = 6 * 3600  # one shard (2000 samples by default); raise data.shard_size with care
 SHARD_RETRY_DELAY_S = 5
-GB = 1e9
 #: Failures a retry of the same task cannot fix: the disk, the lock or a lease lost, a store made for other data.
 FINAL_ERRORS = (DiskBudgetError, RunLockLostError, ShardLeaseLostError, RunMismatchError, RunLockedError)
 

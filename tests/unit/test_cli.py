@@ -139,7 +139,7 @@ def test_retry_refuses_a_directory_without_run_json_and_a_missing_server(
 def test_doctor_prints_the_report_and_exits_1_when_not_ready(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from eagle3 import doctor
+    from eagle3.checks import doctor
 
     seen: dict[str, Any] = {}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagle3.checks.doctor import DoctorReport, run_doctor
 from eagle3.config import PipelineConfig
-from eagle3.doctor import DoctorReport, run_doctor
 
 
 def tiny_model(tmp_path: Path, model_type: str) -> Path:

@@ -1,4 +1,4 @@
-"""Pre-flight (eagle3/preflight.py): each setting combination a later stage refuses is refused before the first
+"""Pre-flight (eagle3/checks/preflight.py): each setting combination a later stage refuses is refused before the first
 stage, naming the keys and the fix. The store's records are written directly (run.json, prepared/ and
 synthesized/ manifests) for a small model directory (config.json and a tokenizer config, no weights)."""
 
@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from eagle3.checks.preflight import PreflightError, check_run
 from eagle3.config import PipelineConfig
 from eagle3.data.synthesis_key import SynthesisMixError, settings_fingerprint, synthesized_key
 from eagle3.extract.shard import store_dtype_of
-from eagle3.preflight import PreflightError, check_run
 from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.store.fsio import atomic_write_json
 from eagle3.store.run_store import PreparedManifest, RunInfo, RunStore, SynthesisOf

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from eagle3.config import ExtractConfig, PipelineConfig, ServerConfig
+from eagle3.extract.disk import GB
 from eagle3.serving.layers import LayerMappingError, SGLangLayers, extraction_layers
 from eagle3.serving.server import ServerError, SGLangServer, server_device
 from eagle3.store import dump_protocol as proto
@@ -34,7 +35,6 @@ PROBE_TEXT = (
     "Speculative decoding drafts a few tokens with a small model and lets the target model check them all "
     "in one forward pass; the draft learns from the target's own hidden states."
 )
-GB = 1e9
 
 
 @dataclass
