@@ -249,8 +249,10 @@ def serve_and_measure(
 
 
 def unsupported_reason(error: ServerError) -> str | None:
-    """The log line by which SGLang said it cannot serve EAGLE3 here, when that is why it did not start."""
-    for line in str(error).splitlines():
+    """The log line by which SGLang said it cannot serve EAGLE3 here, when that is why it did not start (the
+    quoted log below the message's first line, which may repeat it after our own words)."""
+    first, *log = str(error).splitlines()
+    for line in [*log, first]:
         if any(sign in line for sign in UNSUPPORTED_SIGNS):
             return line.strip()
     return None
