@@ -13,7 +13,7 @@
     release/   export, promotion of draft/current, the retraining plan
     checks/    before a run: `eagle3 doctor` (is this node ready?) and the pipeline's pre-flight
 
-Beside them, the modules every part uses. What each may import of ours (tests/unit/test_import_rules.py
+Beside them, the modules every part uses. What each may import of ours (tests/unit/project/test_import_rules.py
 checks these lines and each package's own "May import:" line; lower lines never import higher ones):
 
     progress, device, versions, lifetime:  nothing

@@ -12,7 +12,7 @@ through an inverted index on each set's prefix (the prefix filter of exact set-s
 order of shingles, two sets with Jaccard >= t share a shingle among the first |s| - ceil(t |s|) + 1 of each, so
 only those are indexed and probed. `dedup` orders shingles rarest first, so the shingles every prompt shares ("can
 you please") are rarely in a prefix and no longer make each text a candidate of every other. The result is the
-exhaustive comparison's (tests/unit/test_prompt_gen.py checks it against one).
+exhaustive comparison's (tests/unit/data/test_prompt_gen.py checks it against one).
 """
 
 from __future__ import annotations

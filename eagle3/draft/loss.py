@@ -112,7 +112,7 @@ class _SoftCrossEntropy(torch.autograd.Function):
 def soft_cross_entropy(
     logits: Tensor, probs: Tensor, src: Tensor, weight: Tensor, chunk: int = 4096, fused: bool = False
 ) -> Tensor:
-    """`fused`: the compiled chunk functions (same values to float rounding; tests/unit/test_ttt_loss.py)."""
+    """`fused`: the compiled chunk functions (same values to float rounding; tests/unit/draft/test_ttt_loss.py)."""
     return _SoftCrossEntropy.apply(logits, probs, src, weight, chunk, fused)  # type: ignore[no-any-return]
 
 

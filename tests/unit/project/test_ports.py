@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.ports import HIGH, LOW, bindable, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ASK = "from tests.ports import free_port\nprint(' '.join(str(free_port()) for _ in range(200)), flush=True)\ninput()\n"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from eagle3.store import dump_protocol as proto
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ENV_NAME = re.compile(r"^EAGLE3_[A-Z_]*$")
 VERSION = re.compile(r"^\d+\.\d+\.\d+")
 

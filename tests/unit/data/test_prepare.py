@@ -13,7 +13,7 @@ from eagle3.data.prepare import PrepareError, prepare
 from eagle3.progress import Progress
 from eagle3.store.run_store import RunStore
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
+ASSETS = Path(__file__).resolve().parents[2] / "assets"
 BAD_ROWS = ASSETS / "prepare_bad_rows.jsonl"
 
 
@@ -142,7 +142,7 @@ def test_unknown_dataset_path_names_the_path(tmp_path: Path, demo_model: Path) -
 
 
 def test_demo_prompt_set_prepares_without_bad_rows(tmp_path: Path, demo_model: Path) -> None:
-    demo = Path(__file__).resolve().parents[2] / "data" / "demo_prompts.jsonl"
+    demo = Path(__file__).resolve().parents[3] / "data" / "demo_prompts.jsonl"
     store, m = run(config(tmp_path, demo), demo_model)
     assert m.num_samples == 200 and m.bad_rows == [] and m.duplicates == 0
     messages = store.read_prepared_shard(0).column("messages").to_pylist()

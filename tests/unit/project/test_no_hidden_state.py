@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: Modules that read their own process's environment: torchrun's worker reads its rank (RANK, WORLD_SIZE,
 #: LOCAL_RANK: set by torchrun for that process). The edges that read it for everything below them live outside
 #: eagle3/: the CLI (flows/cli.py), the tasks, and the project venv's start-up hook (deploy/project_env.py).

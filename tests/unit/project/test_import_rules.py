@@ -21,7 +21,7 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OURS = ("eagle3", "flows", "tasks", "server_patch")
 #: What server_patch/ may import of ours (each must itself import nothing of ours beyond this set).
 SERVER_PATCH_ALLOWED = {"eagle3.store.dump_protocol", "eagle3.store.sample_format", "eagle3.store.fsio"}

@@ -17,7 +17,7 @@ from eagle3.store.run_store import PreparedSample, RunInfo, RunStore, SampleEntr
 from eagle3.store.sample_format import encode_sample, write_sample
 
 T, K, H = 5, 3, 8
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def run_info(**kw: object) -> RunInfo:

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from bench.quality_prompts import TEMPLATES
 from eagle3.config import EvaluateConfig, load_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_the_demo_evaluates_on_a_varied_set_and_humaneval_besides_the_template_held_out_set() -> None:

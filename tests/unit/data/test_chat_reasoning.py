@@ -14,7 +14,7 @@ from eagle3.data.chat import ChatTemplateError, ChatTokenizer, normalize_row, sa
 from eagle3.data.prepare import dataset_fingerprint, prepare
 from eagle3.store.run_store import RunStore
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "assets" / "thinking_template.jinja"
+TEMPLATE = Path(__file__).resolve().parents[2] / "assets" / "thinking_template.jinja"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import yaml
 
 from eagle3.config import STAGES, ConfigError, PipelineConfig, config_to_yaml, load_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, tree: object) -> Path:

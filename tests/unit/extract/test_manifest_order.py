@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tiny_store import ScriptedEngine, make_store
+from tests.unit.tiny_store import ScriptedEngine, make_store
 
 from eagle3.extract.engines.base import Outcome
 from eagle3.extract.shard import extract_shard

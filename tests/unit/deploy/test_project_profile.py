@@ -7,7 +7,7 @@ import tomllib
 from pathlib import Path
 from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def project_profile() -> ModuleType:

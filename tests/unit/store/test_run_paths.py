@@ -23,7 +23,7 @@ from eagle3.store.paths import RunPaths
 from eagle3.store.run_store import RunStore
 from eagle3.store.sample_format import encode_sample
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: file and directory names of the run directory -> the one module that spells them
 RUN_PATHS_NAMES = (
     "run.json", "import.json", "prepared", "synthesized", "shards", "leases", "quarantine", "index.arrow",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from convert_fixtures import make_store
+from tests.unit.convert.convert_fixtures import make_store
 
 from eagle3.config import PipelineConfig
 from eagle3.convert import ConvertError, convert, read_vocab_map, select_vocab

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from convert_fixtures import AUX_LAYERS, NUM_LAYERS, make_store
+from tests.unit.convert.convert_fixtures import AUX_LAYERS, NUM_LAYERS, make_store
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 #: Calls that create an artifact, and the position of their key when it is given positionally.
 CREATORS = {
     "TaskProgress": None,  # key= only

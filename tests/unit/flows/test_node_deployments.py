@@ -17,7 +17,7 @@ from flows.train import TRAIN_NODE_DEPLOYMENT, train_node_flow
 from flows.train_fanout import train_fanout_flow
 from tasks.train import GPU_LIMIT
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.parametrize(

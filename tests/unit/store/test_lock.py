@@ -16,7 +16,7 @@ import pytest
 
 from eagle3.store.lock import LOCK_NAME, RunLock, RunLockedError, RunLockLostError, lock_state, read_owner
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 _HOLDER = textwrap.dedent(
     """

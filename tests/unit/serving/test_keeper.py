@@ -22,7 +22,7 @@ from eagle3.serving.keeper import OwnedProcess
 from eagle3.serving.record import ServerRecord, read_record, reap_orphan, write_record
 from eagle3.serving.server import ServerError, SGLangServer
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SGLANG_PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 # A child that starts a grandchild in the group and one that leaves it (setsid): both must go with the owner.
 FAMILY = (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from convert_fixtures import make_store
+from tests.unit.convert.convert_fixtures import make_store
 
 from eagle3.config import PipelineConfig
 from eagle3.convert import INDEX_SCHEMA, convert, read_index

@@ -18,7 +18,7 @@ import pytest
 from eagle3.store.lease import ShardLease, ShardLeaseLostError, lease_path
 from eagle3.store.lock import LOCK_NAME, RunLock, RunLockedError, live_leases, read_owner
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 _HOLDER = textwrap.dedent(
     """

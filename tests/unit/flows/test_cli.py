@@ -19,7 +19,7 @@ from eagle3.store.verify import QUARANTINE
 from flows import cli
 from tests.unit.tiny_store import ScriptedEngine, make_store
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def small_store(root: Path) -> RunStore:

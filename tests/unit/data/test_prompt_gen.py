@@ -18,7 +18,7 @@ from eagle3.data.user_turns import clean_user_text, sample_seed
 from eagle3.serving.generation import GenerationClient
 from eagle3.store.sample_ids import sample_keys
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GRID = ROOT / "data" / "prompt_grid.yaml"
 EVAL_SETS = EvaluateConfig.model_validate(
     {
