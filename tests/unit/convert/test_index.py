@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from tests.unit.convert.convert_fixtures import make_store
 
 from eagle3.config import PipelineConfig
 from eagle3.convert import INDEX_SCHEMA, convert, read_index
 from eagle3.store.sample_format import read_sample
+from tests.unit.convert.convert_fixtures import make_store
 
 SAMPLES = [([5, 6, 7], [0, 1, 1]), ([8] * 7, [1] * 7), ([1, 2], [0, 0]), ([3, 4, 5, 6], [0, 0, 1, 0]), ([9], [1])]
 

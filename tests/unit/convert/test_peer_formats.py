@@ -7,7 +7,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.unit.convert.convert_fixtures import AUX_LAYERS, NUM_LAYERS, make_store
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -27,6 +26,7 @@ from eagle3.convert import (
     vllm_to_hf,
 )
 from eagle3.store.run_store import RunStore
+from tests.unit.convert.convert_fixtures import AUX_LAYERS, NUM_LAYERS, make_store
 
 SAMPLES = [([5, 6, 7, 0], [0, 1, 1, 0]), ([8] * 7, [1] * 7), ([1, 2], [0, 1]), ([3, 4, 5], [0, 0, 1]), ([9], [1])]
 TARGET = TargetModel(model_path="/models/tiny", num_layers=NUM_LAYERS, vocab_size=64)

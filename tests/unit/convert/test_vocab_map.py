@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.unit.convert.convert_fixtures import make_store
 
 from eagle3.config import PipelineConfig
 from eagle3.convert import ConvertError, convert, read_vocab_map, select_vocab
 from eagle3.store.paths import CONVERT_FILE
+from tests.unit.convert.convert_fixtures import make_store
 
 # loss-masked counts: 7 x5, 3 x4, 9 x4, 1 x2, 50 x1 (16 tokens); 60 appears often but never loss-masked
 SAMPLES = [

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from tests.unit.tiny_store import ScriptedEngine, make_store
-
 from eagle3.extract.engines.base import Outcome
 from eagle3.extract.shard import extract_shard
 from eagle3.store.run_store import PreparedSample
+from tests.unit.tiny_store import ScriptedEngine, make_store
 
 
 class ReversedEngine(ScriptedEngine):
