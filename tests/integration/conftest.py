@@ -25,6 +25,7 @@ from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.extract.shard import extract_shard, open_run
 from eagle3.serving.server import SGLangServer
 from eagle3.store.run_store import RunStore
+from tests.integration.demo_facts import FACTS, TRAIN
 from tests.integration.sglang_support import plain_server_at
 
 
@@ -32,12 +33,6 @@ from tests.integration.sglang_support import plain_server_at
 def plain_server(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[SGLangServer]:
     with plain_server_at(tmp_path_factory.mktemp("plain-server"), demo_model) as server:
         yield server
-
-
-FACTS = ["Paris is the capital of France.", "Bees make honey.", "Three times four is twelve.",
-         "Hola means hello in Spanish.", "The sky is blue.", "A cat sat on a mat."]  # fmt: skip
-TRAIN = {"batch_tokens": 256, "ttt_steps": 2, "warmup_steps": 2, "draft_vocab_size": 512, "precision": "fp32",
-         "log_every": 1, "checkpoint_every": 100, "loader_threads": 1, "prefetch_batches": 2}  # fmt: skip
 
 
 @pytest.fixture(scope="session")

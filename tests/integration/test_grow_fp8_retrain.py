@@ -17,8 +17,9 @@ from eagle3.extract.engines.transformers_engine import TransformersEngine
 from eagle3.release.export import export_draft
 from eagle3.release.promote import current_link, pointed, promote
 from eagle3.store.run_store import RunStore
+from tests.integration.demo_facts import FACTS, TRAIN
 from tests.integration.test_intake import extract_all, snapshot
-from tests.integration.test_retrain import FACTS, TRAIN, evaluation, train, trained_export
+from tests.integration.test_retrain import evaluation, train, trained_export
 from tests.landing import drop
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
