@@ -16,8 +16,9 @@ from eagle3.data.prepare import dataset_fingerprint, mixing_differences
 from eagle3.data.synthesis_key import SYNTH, check_synthesis
 from eagle3.extract.shard import store_dtype_of
 from eagle3.serving.aux_layers import resolve_aux_layers
+from eagle3.serving.layers import eagle3_serving_problem
 from eagle3.store.run_store import RunStore
-from eagle3.target.files import model_fingerprint, read_model_facts, tokenizer_fingerprint
+from eagle3.target.files import model_fingerprint, read_model_facts, read_target_config, tokenizer_fingerprint
 
 NEW_RUN_DIR = (
     "Set the keys back to the store's values, or choose a new run_dir for the new settings (run_dir may contain "
@@ -33,6 +34,8 @@ def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
     """Raise PreflightError (or the stage's own refusal: eagle3.data.synthesis_key.SynthesisMixError) naming every
     key in which this run differs from what the store's extracted samples were made with. A store with no
     extracted samples (no run.json) takes any settings: its stages prepare again from scratch."""
+    if problem := serving_problem(cfg, model_dir):
+        raise PreflightError(problem)
     if "extract" in cfg.stages:  # the model's depth: refused here rather than once the engine starts
         try:
             resolve_aux_layers(cfg.extract.aux_layers, read_model_facts(model_dir).num_layers)
@@ -66,6 +69,33 @@ def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
             + "\n  ".join(dict.fromkeys(diffs))
             + f"\nNew samples would be mixed with these. {NEW_RUN_DIR}"
         )
+
+
+def sglang_capture_stages(cfg: PipelineConfig) -> list[str]:
+    """The stages of this run that need SGLang to capture the target for an EAGLE-3 draft, each saying why."""
+    stages = set(cfg.stages)
+    needs = []
+    if "extract" in stages and cfg.server.engine == "sglang":
+        needs.append("extract (server.engine sglang captures the layers)")
+    if "export" in stages:
+        needs.append("export (the draft's SGLang config names the layers SGLang captures)")
+    live = cfg.evaluate.live == "on" or (cfg.evaluate.live == "auto" and Path(cfg.server.python).exists())
+    if "evaluate" in stages and live:
+        needs.append("evaluate (evaluate.live serves the draft with SGLang)")
+    return needs
+
+
+def serving_problem(cfg: PipelineConfig, model_dir: Path) -> str | None:
+    """Why a stage of this run would refuse the target because SGLang cannot feed its EAGLE-3 draft the stored
+    states (no layer-id rule, a family it captures for block drafters only, a tap that is not the residual stream),
+    naming those stages; None when no stage needs it or SGLang can."""
+    needs = sglang_capture_stages(cfg)
+    if not needs:
+        return None
+    problem = eagle3_serving_problem(read_target_config(model_dir), cfg.extract.sglang_layer_ids)
+    if problem is None:
+        return None
+    return f"{problem}. Refused before the first stage: {'; '.join(needs)} would fail on it (model {model_dir})."
 
 
 def extract_differences(cfg: PipelineConfig, store: RunStore, model_dir: Path) -> list[str]:

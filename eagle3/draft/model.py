@@ -136,9 +136,10 @@ class DraftConfig:
 
 
 def _attention(target: dict[str, Any]) -> str:
-    """The target's attention kind: its family's row, else (a family with no row) MLA when it has a kv_lora_rank."""
+    """The target's attention kind: its family's row, else (a family with no row, or a row that leaves it to the
+    config) MLA when it has a kv_lora_rank."""
     family = family_of(str(target.get("model_type", "")))
-    if family is not None:
+    if family is not None and family.attention is not None:
         return family.attention
     return "mla" if text_config(target).get("kv_lora_rank") else "gqa"
 

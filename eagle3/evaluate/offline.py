@@ -105,6 +105,11 @@ def aux_layers_of(run_dir: Path) -> list[int]:
     info = store.read_run_info()
     if info is None:
         raise EvalError(f"{store.run_json} missing: evaluate needs the run directory the draft was trained from")
+    if info.tap != "residual":  # the target here hands the draft its hidden_states: the residual stream
+        raise EvalError(
+            f"{store.run_json}: the store holds the {info.tap!r} tap, and the offline evaluator feeds the draft the "
+            "residual stream (HF hidden_states): the draft would be measured on states it was not trained on"
+        )
     return list(info.aux_layers)
 
 

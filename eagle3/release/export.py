@@ -47,10 +47,11 @@ from eagle3.convert.vocab import check_vocab_map
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
 from eagle3.draft.model import DraftConfig, Eagle3Draft
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
-from eagle3.serving.layers import LayerMappingError, SGLangLayers, sglang_layer_ids
+from eagle3.serving.layers import LayerMappingError, SGLangLayers, eagle3_serving_problem, sglang_layer_ids
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.store.paths import EXPORT_FILE, RunPaths
 from eagle3.store.run_store import RunInfo, RunStore, now, read_record
+from eagle3.target.families import RESIDUAL, TAPS
 from eagle3.target.files import model_fingerprint, sha256_file
 from eagle3.target.layout import text_config
 
@@ -256,6 +257,7 @@ def export_draft(
     info = RunStore(run_dir).require_run_info("export needs the store the draft was trained on")
     target_cfg = read_json(model_dir / "config.json")
     _check_same_target(info, target_cfg, run_dir, model_dir)
+    _check_served_tap(info, target_cfg, run_dir)
     layers = served_layer_ids(info, str(target_cfg.get("model_type", "")))
 
     ckpt_sha = sha256_file(ckpt / WEIGHTS)
@@ -330,6 +332,19 @@ def export_draft(
     _build_and_swap_in(out_dir, write)
     counter.add()
     return result
+
+
+def _check_served_tap(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path) -> None:
+    """The states SGLang will feed the draft are the ones it was trained on: refuse a target SGLang feeds something
+    else (eagle3/target/families.py `tap`), and a store that recorded another tap than the residual stream."""
+    override = info.config.get("extract", {}).get("sglang_layer_ids")
+    if problem := eagle3_serving_problem(target_cfg, override):
+        raise ExportError(f"{problem}. The store {run_dir} cannot give SGLang a draft")
+    if info.tap != RESIDUAL:
+        raise ExportError(
+            f"{run_dir}/run.json: the store holds the {info.tap!r} tap ({TAPS.get(info.tap, '?')}); SGLang's EAGLE-3 "
+            "drafts are fed the residual stream of the families this pipeline exports"
+        )
 
 
 def _check_same_target(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, model_dir: Path) -> None:

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eagle3.config import ExtractConfig
 from eagle3.serving.aux_layers import resolve_aux_layers
-from eagle3.target.families import FIRST_ID_IS_1, GPT_OSS, MODEL_TYPES, SGLangRule, family_of
-from eagle3.target.files import read_model_facts
+from eagle3.target.families import FIRST_ID_IS_1, GPT_OSS, MODEL_TYPES, RESIDUAL, TAPS, SGLangRule, family_of
+from eagle3.target.files import read_model_facts, read_target_config
+from eagle3.target.layout import text_config
 
 
 class LayerMappingError(ValueError):
@@ -52,10 +54,50 @@ class SGLangLayers:
         return ["--return-aux-hidden-state-layer-ids", *map(str, self.layer_ids)]
 
 
+def no_rule_message(model_type: str) -> str:
+    return (
+        f"model_type {model_type!r}: no SGLang layer-id rule is known for this family (EAGLE-3 rules known: "
+        f"{', '.join(sorted(t for t in MODEL_TYPES if sglang_rule(t)))}). Read its set_eagle3_layers_to_capture in "
+        "sglang/srt/models/ and set extract.sglang_layer_ids (the hook checks the result against extract.aux_layers "
+        "at start-up), or add the family's row to eagle3/target/families.py FAMILIES."
+    )
+
+
+def eagle3_serving_problem(target_cfg: dict[str, Any], override: list[int] | None = None) -> str | None:
+    """Why SGLang 0.5.23 cannot feed an EAGLE-3 draft of this target (its config.json) the states this pipeline
+    stores and checks (the residual stream, HF hidden_states[i]), or None. `override`: extract.sglang_layer_ids, the
+    user's ids for a family with no rule (the hook still checks the layers SGLang resolves them to)."""
+    model_type = str(target_cfg.get("model_type", ""))
+    family = family_of(model_type)
+    if family is None:
+        if override is not None:
+            return None
+        return no_rule_message(model_type)
+    if family.sglang_rule is None and override is None:
+        return (
+            f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 captures it for block drafters only "
+            f"(set_dflash_layers_to_capture in sglang/srt/models/{', '.join(family.sglang_files)}), never for an "
+            "EAGLE-3 draft: it cannot serve one"
+        )
+    tap = family.tap_of(text_config(target_cfg))
+    if tap != RESIDUAL:
+        return (
+            f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 feeds an EAGLE-3 draft of this family "
+            f"{TAPS[tap]} (sglang/srt/models/{', '.join(family.sglang_files)}). This pipeline stores and checks the "
+            "residual stream; a draft trained on it and served by SGLang would see other states than it learned "
+            "from, and be slower than no draft. Not supported: train this target's draft with the transformers "
+            "engine and no export to SGLang, or serve another family"
+        )
+    return None
+
+
 def extraction_layers(model_dir: Path, extract: ExtractConfig) -> SGLangLayers:
     """The SGLang ids an extraction of the model in `model_dir` passes: `extract.aux_layers` (default EAGLE-3's)
     through the family's rule, or `extract.sglang_layer_ids` where set. The one place a server, engine or check
-    derives them from a config; a finished store's are in its run.json (`engine_layer_ids`)."""
+    derives them from a config; a finished store's are in its run.json (`engine_layer_ids`). A target SGLang cannot
+    feed the stored states (eagle3_serving_problem) is refused here, before any server starts."""
+    if problem := eagle3_serving_problem(read_target_config(Path(model_dir)), extract.sglang_layer_ids):
+        raise LayerMappingError(problem)
     facts = read_model_facts(Path(model_dir))
     aux = resolve_aux_layers(extract.aux_layers, facts.num_layers)
     return sglang_layer_ids(facts.model_type, aux, facts.num_layers, extract.sglang_layer_ids)
@@ -77,13 +119,13 @@ def sglang_layer_ids(
         return SGLangLayers(
             list(aux_layers), list(override), f"sglang {model_type}: ids set by extract.sglang_layer_ids"
         )
-    if family is None:
+    if family is None and (row := family_of(model_type)) is not None:
         raise LayerMappingError(
-            f"model_type {model_type!r}: no SGLang layer-id rule is known for this family (known: "
-            f"{', '.join(sorted(MODEL_TYPES))}). Read its set_eagle3_layers_to_capture in sglang/srt/models/ and set "
-            "extract.sglang_layer_ids (the hook checks the result against extract.aux_layers at start-up), "
-            "or add the family's row to eagle3/target/families.py FAMILIES."
+            f"{row.architecture} (model_type {model_type!r}): SGLang 0.5.23 captures it for block drafters only "
+            f"(sglang/srt/models/{', '.join(row.sglang_files)}), never for an EAGLE-3 draft"
         )
+    if family is None:
+        raise LayerMappingError(no_rule_message(model_type))
     bad = [i for i in aux_layers if not 1 <= i < num_layers]
     if bad:
         raise LayerMappingError(

@@ -90,6 +90,12 @@ class RunInfo(Record):
     aux_layers: list[int] = Field(description="HF hidden_states indices")
     engine_layer_ids: list[int] = Field(description="the same layers in the engine's own convention")
     engine_layer_convention: str
+    tap: str = Field(
+        default="residual",
+        description="what the aux states are: `residual`, the residual stream entering each layer (HF "
+        "hidden_states[i], what SGLang feeds an EAGLE-3 draft of the families eagle3/target/families.py marks "
+        "so). Absent in a run.json written before it existed: then residual, the only tap ever stored",
+    )
     dataset_fingerprint: str = Field(description="of the dataset as of the latest intake")
     versions: dict[str, str]
     config: dict

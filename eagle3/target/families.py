@@ -2,18 +2,29 @@
 
     architecture   the Hugging Face class name in config.json's `architectures` (the tiny target's name)
     model_types    config.json's `model_type` values of this architecture (how SGLang and the layer rule key it)
-    sglang_rule    how SGLang 0.5.23's set_eagle3_layers_to_capture reads its ids (the rules and their arithmetic:
-                   eagle3/serving/layers.py)
+    sglang_files   the files of sglang/srt/models/ (0.5.23) whose capture serves it: the contract was read there, and
+                   tests/unit/target/test_sglang_source.py fails when a file that captures has no row
+    sglang_rule    how SGLang's set_eagle3_layers_to_capture reads its ids (the rules and their arithmetic:
+                   eagle3/serving/layers.py), or None: SGLang 0.5.23 serves no EAGLE-3 draft of this family
+    dflash_rule    how its set_dflash_layers_to_capture reads block drafters' `target_layer_ids`, or None
+    tap            what SGLang hands the draft for a captured layer (TAPS); tap_when: the config keys (the language
+                   model's config) that, when set, change it
     attention      the draft's attention (DraftConfig.from_target): "gqa" copies the target's heads, "mla" gets
-                   128-wide heads filling H, as the published DeepSeek-V3 / Kimi drafts are shaped
-    tiny           the tiny random-weight target's recipe (tiny.py builds it), or None: a family SGLang has a rule for
-                   that no test builds
+                   128-wide heads filling H, as the published DeepSeek-V3 / Kimi drafts are shaped; None: read from
+                   the config (a `kv_lora_rank` is MLA)
+    tiny           the tiny random-weight target's recipe (tiny.py builds it), or None: a family no test builds
 
 What is the same for every family is not in the rows: the draft's RoPE (the target's when SGLang's Llama draft can
 reproduce it, else plain at the target's theta; DraftConfig.from_target) and where a wrapper keeps the language model
 (layout.py: every layout's keys are tried in turn). The tested architectures are the rows with a recipe:
 tests/integration/test_architectures*.py run every stage on each. Adding an architecture is one row here plus its
 tests (docs/models.md). Changing a recipe: bump tiny.TINY_VERSION, so cached tiny targets are rebuilt.
+
+The tap is the contract with serving (docs/models.md, "What SGLang feeds the draft"): the pipeline stores and checks
+the residual stream entering a layer (HF `hidden_states[i]`), which is what SGLang 0.5.23 captures for every family
+whose tap is RESIDUAL. A family whose tap is anything else is refused before the first stage that would store or
+serve its states (eagle3/checks/preflight.py), with the reason: a draft trained on states the server does not feed
+it is slower than no draft.
 """
 
 from __future__ import annotations
@@ -26,6 +37,31 @@ PLUS_ONE: SGLangRule = "plus_one"
 FIRST_ID_IS_1: SGLangRule = "first_id_is_1"
 GPT_OSS: SGLangRule = "gpt_oss"
 SGLANG_RULES: tuple[SGLangRule, ...] = (PLUS_ONE, FIRST_ID_IS_1, GPT_OSS)
+
+#: set_dflash_layers_to_capture: "plus_one" and "after" both mean id k = the output of layer k (+1 in the setter, or
+#: the id as-is with the capture after the layer); "before": id k = the input of layer k (Muse Glimmer).
+DFlashRule = Literal["plus_one", "after", "before"]
+
+Tap = Literal[
+    "residual", "gemma3", "hyper_connections", "pre_sconv", "attention_residual_mix", "loop_folded", "unknown"
+]
+RESIDUAL: Tap = "residual"
+#: What each tap is, read in SGLang 0.5.23's model files (the messages quote it).
+TAPS: dict[str, str] = {
+    "residual": "the residual stream entering the layer (HF hidden_states[i])",
+    "gemma3": "not the residual stream: gemma3_causal.py appends the previous layer's post-feedforward-normed MLP "
+    "output, which on CUDA the next layer's fused add-RMSNorm then overwrites in place with that layer's normalized "
+    "input; on CPU it stays the MLP output. Neither is HF hidden_states[i], and the two devices differ",
+    "hyper_connections": "the flattened hyper-connection streams (mhc: hc_mult x hidden_size wide), not one "
+    "residual stream",
+    "pre_sconv": "the residual plus the MLP output before the layer's short convolution (use_sconv), which is not "
+    "the residual stream",
+    "attention_residual_mix": "the attention-residual bank's mixture the next layer reads (attn_res_block_size), "
+    "not the residual stream",
+    "loop_folded": "the unrolled depth of a looped model, whose taps at a loop start are the folded, normed loop "
+    "output, not the residual stream",
+    "unknown": "implemented outside SGLang (sgl_mindspore), so its tap cannot be read from SGLang's source",
+}
 
 Attention = Literal["gqa", "mla"]
 
@@ -42,9 +78,17 @@ class TinyRecipe:
 class Family:
     architecture: str
     model_types: tuple[str, ...]
-    sglang_rule: SGLangRule
-    attention: Attention = "gqa"
+    sglang_files: tuple[str, ...]
+    sglang_rule: SGLangRule | None
+    dflash_rule: DFlashRule | None = None
+    tap: Tap = RESIDUAL
+    tap_when: tuple[tuple[str, Tap], ...] = ()
+    attention: Attention | None = None
     tiny: TinyRecipe | None = None
+
+    def tap_of(self, text_config: dict[str, Any]) -> Tap:
+        """The tap for a model of this family with this (language model) config."""
+        return next((tap for key, tap in self.tap_when if text_config.get(key)), self.tap)
 
 
 #: The real models' RoPE (their config.json files): yarn over a 4,096-token original context.
@@ -56,13 +100,35 @@ GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "be
 # The tiny recipes keep what makes the family different (MLA with first-k-dense layers and shared experts, MoE,
 # QK-norm, sliding-window layers and attention sinks) and the family's real RoPE. 8 layers: the EAGLE-3 default aux
 # layers (2, L//2, L-3) are then (2, 4, 5), three distinct layers with a neighbour on each side.
+# The tiny recipes keep what makes the family different (MLA with first-k-dense layers and shared experts, MoE,
+# QK-norm, sliding-window layers and attention sinks) and the family's real RoPE. 8 layers: the EAGLE-3 default aux
+# layers (2, L//2, L-3) are then (2, 4, 5), three distinct layers with a neighbour on each side.
 FAMILIES: tuple[Family, ...] = (
-    Family("LlamaForCausalLM", ("llama",), PLUS_ONE, tiny=TinyRecipe("LlamaConfig", {"num_hidden_layers": 8})),
-    Family("Qwen3ForCausalLM", ("qwen3",), PLUS_ONE, tiny=TinyRecipe("Qwen3Config", {"num_hidden_layers": 8})),
+    Family(
+        "LlamaForCausalLM",
+        ("llama",),
+        ("llama.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("LlamaConfig", {"num_hidden_layers": 8}),
+    ),
+    Family(
+        "Qwen3ForCausalLM",
+        ("qwen3",),
+        ("qwen3.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("Qwen3Config", {"num_hidden_layers": 8}),
+    ),
     Family(
         "Qwen3MoeForCausalLM",
         ("qwen3_moe",),
+        ("qwen3_moe.py", "qwen2_moe.py"),
         PLUS_ONE,
+        "plus_one",
+        attention="gqa",
         tiny=TinyRecipe(
             "Qwen3MoeConfig",
             {
@@ -79,7 +145,9 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "DeepseekV3ForCausalLM",
         ("deepseek_v3", "kimi_k2"),  # Kimi-K2 is a DeepseekV3ForCausalLM with its own model_type
+        ("deepseek_v2.py",),
         FIRST_ID_IS_1,
+        "plus_one",
         attention="mla",
         tiny=TinyRecipe(
             "DeepseekV3Config",
@@ -113,7 +181,10 @@ FAMILIES: tuple[Family, ...] = (
     Family(
         "GptOssForCausalLM",
         ("gpt_oss",),
+        ("gpt_oss.py",),
         GPT_OSS,
+        "plus_one",
+        attention="gqa",
         tiny=TinyRecipe(
             "GptOssConfig",
             {
@@ -129,14 +200,97 @@ FAMILIES: tuple[Family, ...] = (
             },
         ),
     ),
-    # SGLang has a layer-id rule for these; no tiny target proves them here.
-    Family("MistralForCausalLM", ("mistral",), PLUS_ONE),
-    Family("Qwen2ForCausalLM", ("qwen2",), PLUS_ONE),
-    Family("Glm4MoeForCausalLM", ("glm4_moe",), PLUS_ONE),
-    Family("MiniMaxM2ForCausalLM", ("minimax_m2",), PLUS_ONE),
-    Family("DeepseekV2ForCausalLM", ("deepseek_v2",), FIRST_ID_IS_1, attention="mla"),
-    Family("KimiK25ForConditionalGeneration", ("kimi_k25",), FIRST_ID_IS_1, attention="mla"),  # wraps DeepSeek-V3
+    # No tiny target proves these here; their rows are read from SGLang 0.5.23's source (docs/models.md).
+    # Llama's capture, inherited (mistral.py, llama4.py) or its own copy of it:
+    Family("MistralForCausalLM", ("mistral",), ("llama.py",), PLUS_ONE, "plus_one"),
+    Family("Phi3ForCausalLM", ("phi3",), ("llama.py",), PLUS_ONE, "plus_one"),
+    Family("InternLM3ForCausalLM", ("internlm3",), ("llama.py",), PLUS_ONE, "plus_one"),
+    Family("Llama4ForCausalLM", ("llama4_text",), ("llama.py",), PLUS_ONE),
+    Family("Llama4ForConditionalGeneration", ("llama4",), ("mllama4.py", "llama.py"), PLUS_ONE),
+    Family("ApertusForCausalLM", ("apertus",), ("apertus.py",), PLUS_ONE),
+    Family("Qwen2ForCausalLM", ("qwen2",), ("qwen2.py",), PLUS_ONE),
+    Family("Qwen2_5_VLForConditionalGeneration", ("qwen2_5_vl",), ("qwen2_5_vl.py",), PLUS_ONE),
+    Family("Qwen2MoeForCausalLM", ("qwen2_moe",), ("qwen2_moe.py",), PLUS_ONE),
+    Family("Qwen3NextForCausalLM", ("qwen3_next",), ("qwen3_next.py",), PLUS_ONE, "plus_one"),
+    Family("Qwen3_5ForCausalLM", ("qwen3_5_text",), ("qwen3_5_text.py", "qwen3_5.py"), PLUS_ONE, "plus_one"),
+    Family("Qwen3_5MoeForCausalLM", ("qwen3_5_moe_text",), ("qwen3_5_text.py", "qwen3_5.py"), PLUS_ONE, "plus_one"),
+    Family("Qwen3_5ForConditionalGeneration", ("qwen3_5",), ("qwen3_5.py", "qwen3_vl.py"), PLUS_ONE, "plus_one"),
+    Family("Qwen3_5MoeForConditionalGeneration", ("qwen3_5_moe",), ("qwen3_5.py", "qwen3_vl.py"), PLUS_ONE, "plus_one"),
+    # Qwen3-VL's dense language model has no DFlash setter (SGLang raises AttributeError); its MoE one has.
+    Family("Qwen3VLForConditionalGeneration", ("qwen3_vl",), ("qwen3_vl.py",), PLUS_ONE),
+    Family("Qwen3VLMoeForConditionalGeneration", ("qwen3_vl_moe",), ("qwen3_vl.py",), PLUS_ONE, "plus_one"),
+    Family("ExaoneMoeForCausalLM", ("exaone_moe",), ("exaone_moe.py",), PLUS_ONE),
+    Family("BailingMoeForCausalLM", ("bailing_moe",), ("bailing_moe.py",), PLUS_ONE),
+    Family("BailingMoeV2ForCausalLM", ("bailing_moe_v2",), ("bailing_moe.py",), PLUS_ONE),
+    Family("Glm4MoeForCausalLM", ("glm4_moe",), ("glm4_moe.py",), PLUS_ONE),
+    Family(
+        "Glm5NextForConditionalGeneration",
+        ("glm5_next",),
+        ("glm5_next.py",),
+        PLUS_ONE,
+        "plus_one",
+        tap_when=(("mhc", "hyper_connections"),),
+    ),
+    Family("Gemma4ForCausalLM", ("gemma4_text",), ("gemma4_causal.py",), PLUS_ONE, "plus_one"),
+    Family("Gemma4ForConditionalGeneration", ("gemma4",), ("gemma4_mm.py",), PLUS_ONE, "plus_one"),
+    Family("Gemma3ForCausalLM", ("gemma3_text",), ("gemma3_causal.py",), PLUS_ONE, tap="gemma3"),
+    Family("Gemma3ForConditionalGeneration", ("gemma3",), ("gemma3_mm.py", "gemma3_causal.py"), PLUS_ONE, tap="gemma3"),
+    Family("LongcatFlashForCausalLM", ("longcat_flash",), ("longcat_flash.py",), PLUS_ONE),
+    # MiniMax-M3's language model config says model_type minimax_m2 (sglang/srt/configs/minimax_vl.py): one rule.
+    Family("MiniMaxM2ForCausalLM", ("minimax_m2",), ("minimax_m2.py", "minimax_m3.py"), PLUS_ONE),
+    Family("MiniMaxM3SparseForConditionalGeneration", ("minimax_m3_vl",), ("minimax_m3_vl.py",), PLUS_ONE),
+    # DeepSeek's capture: the first id decides whether ids are shifted.
+    Family("DeepseekV2ForCausalLM", ("deepseek_v2",), ("deepseek_v2.py",), FIRST_ID_IS_1, "plus_one", attention="mla"),
+    Family(
+        "DeepseekV32ForCausalLM", ("deepseek_v32",), ("deepseek_v2.py",), FIRST_ID_IS_1, "plus_one", attention="mla"
+    ),
+    Family(
+        "KimiK25ForConditionalGeneration",
+        ("kimi_k25",),
+        ("kimi_k25.py", "deepseek_v2.py"),
+        FIRST_ID_IS_1,
+        "plus_one",
+        attention="mla",
+    ),  # wraps DeepSeek-V3
+    Family("GlmMoeDsaForCausalLM", ("glm_moe_dsa",), ("glm4_moe.py", "deepseek_v2.py"), FIRST_ID_IS_1, "plus_one"),
+    Family("Glm4MoeLiteForCausalLM", ("glm4_moe_lite",), ("glm4_moe_lite.py",), FIRST_ID_IS_1, "plus_one"),
+    # Block drafters only: SGLang 0.5.23 captures these for DFlash/DSpark, not for EAGLE-3.
+    Family("BeamForCausalLM", ("beam",), ("beam.py",), None, "after"),
+    Family("LagunaForCausalLM", ("laguna",), ("laguna.py",), None, "plus_one"),
+    Family("Lfm2ForCausalLM", ("lfm2",), ("lfm2.py",), None, "plus_one"),
+    Family("Lfm2MoeForCausalLM", ("lfm2_moe",), ("lfm2_moe.py",), None, "plus_one"),
+    Family("Lfm2VlForConditionalGeneration", ("lfm2_vl",), ("lfm2_vl.py",), None, "plus_one"),
+    Family("MiMoV2FlashForCausalLM", ("mimo_v2_flash",), ("mimo_v2.py",), None, "plus_one"),
+    Family("MiniCPMV4_6ForConditionalGeneration", ("minicpmv4_6",), ("minicpmv.py",), None, "plus_one"),
+    Family("MiniCPMV4_7ForConditionalGeneration", ("minicpmv4_7",), ("minicpmv.py",), None, "plus_one"),
+    Family("NemotronHForCausalLM", ("nemotron_h",), ("nemotron_h.py",), None, "plus_one"),
+    Family("NemotronH_Nano_VL_V2", ("NemotronH_Nano_VL_V2",), ("nano_nemotron_vl.py",), None, "plus_one"),
+    Family(
+        "InklingForConditionalGeneration",
+        ("inkling_mm_model",),
+        ("inkling.py",),
+        None,
+        "after",
+        tap_when=(("use_sconv", "pre_sconv"),),
+    ),
+    Family(
+        "KimiK3ForConditionalGeneration",
+        ("kimi_k3",),
+        ("kimi_k3.py",),
+        None,
+        "after",
+        tap_when=(("attn_res_block_size", "attention_residual_mix"),),
+    ),
+    Family("MuseGlimmerForCausalLM", ("muse_glimmer",), ("muse_glimmer.py",), None, "before"),
+    Family("MuseSparkForConditionalGeneration", ("muse_spark",), ("muse_spark.py",), None, "after"),
+    Family("NanbeigeForCausalLM", ("nanbeige",), ("nanbeige.py",), None, "plus_one", tap="loop_folded"),
 )
+
+#: Files of sglang/srt/models/ that capture but serve no target model a row could name, and why.
+NOT_TARGETS: dict[str, str] = {
+    "mindspore.py": "MindSporeForCausalLM is chosen by --model-impl mindspore and delegates to the external "
+    "sgl_mindspore package: " + TAPS["unknown"],
+}
 
 #: The architectures every stage is tested on: the rows with a tiny recipe (the table in docs/models.md).
 TESTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES if f.tiny is not None)

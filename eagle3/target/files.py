@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eagle3.target.families import TESTED_ARCHITECTURES
 from eagle3.target.layout import text_config
@@ -89,11 +90,18 @@ def weight_map(model_dir: Path) -> dict[str, Path]:
     return where
 
 
-def read_model_facts(model_dir: Path) -> ModelFacts:
-    cfg_path = model_dir / "config.json"
+def read_target_config(model_dir: Path) -> dict[str, Any]:
+    """The model directory's config.json, as a dict."""
+    cfg_path = Path(model_dir) / "config.json"
     if not cfg_path.is_file():
         raise ModelError(f"{model_dir}: no config.json; `model` must be a Hugging Face model directory or `demo`")
-    cfg = json.loads(cfg_path.read_text())
+    cfg: dict[str, Any] = json.loads(cfg_path.read_text())
+    return cfg
+
+
+def read_model_facts(model_dir: Path) -> ModelFacts:
+    cfg_path = model_dir / "config.json"
+    cfg = read_target_config(model_dir)
     text = text_config(cfg)
     try:
         return ModelFacts(

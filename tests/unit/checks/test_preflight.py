@@ -184,3 +184,52 @@ def test_a_synthesis_from_before_growing_is_used_with_its_own_inputs_and_refused
     (tmp_path / "grow" / "day2.jsonl").write_text('{"messages": []}\n')
     with pytest.raises(SynthesisMixError, match=r"synthesized/manifest.json format: .*could not grow"):
         check_run(cfg, model)
+
+
+def target(tmp_path: Path, model_type: str, architecture: str, **text: Any) -> Path:
+    """A target directory (config.json only) of a family, its language model's config under text_config."""
+    d = tmp_path / model_type
+    d.mkdir(parents=True)
+    lm = {"num_hidden_layers": 12, "hidden_size": 64, "vocab_size": 100, **text}
+    (d / "config.json").write_text(json.dumps({"model_type": model_type, "architectures": [architecture], **lm,
+                                               "text_config": lm}))  # fmt: skip
+    return d
+
+
+def test_a_target_sglang_feeds_another_tap_is_refused_before_the_first_stage_naming_the_stages(tmp_path: Path) -> None:
+    gemma = target(tmp_path, "gemma3_text", "Gemma3ForCausalLM")
+    cfg = config(tmp_path, ["prepare", "extract", "convert", "train", "export"], evaluate={"live": "off"})
+    with pytest.raises(PreflightError) as e:
+        check_run(cfg, gemma)
+    msg = str(e.value)
+    assert "Gemma3ForCausalLM" in msg and "not the residual stream" in msg and "gemma3_causal.py" in msg, msg
+    assert "export (" in msg and "extract (" not in msg, msg  # the transformers engine stores; export would serve
+    sglang = config(tmp_path, ["prepare", "extract"], server={"engine": "sglang"})
+    with pytest.raises(PreflightError, match=r"not the residual stream.*extract \(server.engine sglang"):
+        check_run(sglang, gemma)
+    check_run(config(tmp_path, ["prepare", "extract", "convert", "train"]), gemma)  # nothing served: allowed
+
+
+def test_a_family_without_a_rule_is_refused_when_a_stage_needs_sglangs_ids_and_allowed_with_the_users_ids(
+    tmp_path: Path,
+) -> None:
+    smollm3 = target(tmp_path, "smollm3", "SmolLM3ForCausalLM")
+    with pytest.raises(PreflightError, match=r"'smollm3': no SGLang layer-id rule.*export \(") as e:
+        check_run(config(tmp_path, ["prepare", "extract", "export"], evaluate={"live": "off"}), smollm3)
+    assert "extract.sglang_layer_ids" in str(e.value)  # the advice: the user's ids, or a row
+    check_run(config(tmp_path, ["prepare", "extract"]), smollm3)  # the transformers engine needs no SGLang ids
+    with_ids = config(tmp_path, ["prepare", "extract"], server={"engine": "sglang"},
+                      extract={"aux_layers": [2, 6, 9], "sglang_layer_ids": [1, 5, 8]})  # fmt: skip
+    check_run(with_ids, smollm3)
+
+
+def test_a_block_drafter_only_family_and_a_config_that_changes_the_tap_are_refused_for_eagle3(tmp_path: Path) -> None:
+    laguna = target(tmp_path, "laguna", "LagunaForCausalLM")
+    with pytest.raises(PreflightError, match=r"block drafters only.*laguna.py.*evaluate \(evaluate.live"):
+        check_run(config(tmp_path, ["prepare", "extract", "evaluate"], evaluate={"live": "on"}), laguna)
+    plain = target(tmp_path / "a", "glm5_next", "Glm5NextForConditionalGeneration", mhc=False)
+    mhc = target(tmp_path / "b", "glm5_next", "Glm5NextForConditionalGeneration", mhc=True, hc_mult=4)
+    export = config(tmp_path, ["prepare", "extract", "export"], evaluate={"live": "off"})
+    check_run(export, plain)
+    with pytest.raises(PreflightError, match=r"hyper-connection streams"):
+        check_run(export, mhc)

@@ -228,3 +228,19 @@ def test_a_transformers_store_exports_with_the_recorded_sglang_override(run: dic
     _rewrite_target(run, model_type="mystery_moe")
     _rewrite_run_info(run, config={"extract": {"sglang_layer_ids": [3, 5, 6]}})
     assert do_export(run).sglang_layer_ids == [3, 5, 6]
+
+
+def test_a_target_sglang_feeds_another_tap_than_the_stores_is_refused_and_nothing_is_written(
+    run: dict[str, Path],
+) -> None:
+    _rewrite_target(run, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"])
+    with pytest.raises(ExportError, match=r"Gemma3ForCausalLM.*not the residual stream.*cannot give SGLang a draft"):
+        do_export(run)
+    assert not run["out"].exists()
+
+
+def test_a_store_that_recorded_another_tap_is_refused(run: dict[str, Path]) -> None:
+    _rewrite_run_info(run, tap="gemma3")
+    with pytest.raises(ExportError, match=r"run.json: the store holds the 'gemma3' tap"):
+        do_export(run)
+    assert not run["out"].exists()

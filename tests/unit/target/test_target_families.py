@@ -9,8 +9,16 @@ import pytest
 import transformers
 
 from eagle3.draft.model import MLA_DRAFT_HEAD_DIM, DraftConfig
-from eagle3.serving.layers import internal_indices, sglang_layer_ids, sglang_rule
-from eagle3.target.families import FAMILIES, MODEL_TYPES, SGLANG_RULES, TESTED_ARCHITECTURES, family_named, family_of
+from eagle3.serving.layers import LayerMappingError, internal_indices, sglang_layer_ids, sglang_rule
+from eagle3.target.families import (
+    FAMILIES,
+    MODEL_TYPES,
+    SGLANG_RULES,
+    TAPS,
+    TESTED_ARCHITECTURES,
+    family_named,
+    family_of,
+)
 from eagle3.target.files import ModelError
 from eagle3.target.install import installing
 from eagle3.target.layout import HEAD_KEYS, LM_PREFIXES, text_config
@@ -21,7 +29,9 @@ WITH_RECIPE = [f for f in FAMILIES if f.tiny is not None]
 
 def test_every_row_names_a_known_sglang_rule_and_attention_and_each_key_is_in_one_row() -> None:
     for family in FAMILIES:
-        assert family.sglang_rule in SGLANG_RULES and family.attention in ("gqa", "mla"), family
+        assert family.sglang_rule in (*SGLANG_RULES, None) and family.attention in ("gqa", "mla", None), family
+        assert family.tap in TAPS and all(tap in TAPS for _, tap in family.tap_when), family
+        assert family.sglang_rule or family.dflash_rule, f"{family}: a row SGLang captures for no draft"
         assert family.model_types and all(family_of(t) is family for t in family.model_types)
         assert family_named(family.architecture) is family
     assert len(set(MODEL_TYPES)) == len(MODEL_TYPES)
@@ -34,8 +44,8 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
     assert TESTED_ARCHITECTURES == (
         "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM"
     )  # fmt: skip
-    without = {t for f in FAMILIES if f.tiny is None for t in f.model_types}
-    assert without == {"mistral", "qwen2", "glm4_moe", "minimax_m2", "deepseek_v2", "kimi_k25"}
+    for family in WITH_RECIPE:  # a tiny target proves every stage, SGLang's capture and its parity included
+        assert family.sglang_rule is not None and family.tap == "residual" and not family.tap_when, family
 
 
 @pytest.mark.parametrize("family", WITH_RECIPE, ids=lambda f: f.architecture)
@@ -54,7 +64,7 @@ def test_a_name_without_a_recipe_is_a_model_error_naming_the_known_ones() -> Non
             tiny_config(name)
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
+@pytest.mark.parametrize("model_type", [t for t in MODEL_TYPES if sglang_rule(t)])
 def test_every_model_type_has_its_rows_sglang_rule(model_type: str) -> None:
     family = family_of(model_type)
     assert family is not None and sglang_rule(model_type) == family.sglang_rule
@@ -104,3 +114,26 @@ def test_an_install_appears_whole_or_leaves_the_previous_one(tmp_path: Path) -> 
         raise OSError("disk full")
     assert [p.name for p in target.iterdir()] == ["config.json"]
     assert [p.name for p in target.parent.iterdir()] == ["m"]  # no temporary directory left
+
+
+def test_a_config_flag_that_changes_the_tap_is_read_from_the_language_models_config() -> None:
+    glm5 = family_named("Glm5NextForConditionalGeneration")
+    assert glm5 is not None
+    assert glm5.tap_of(text_config({"text_config": {"mhc": False}})) == "residual"
+    assert glm5.tap_of(text_config({"text_config": {"mhc": True, "hc_mult": 4}})) == "hyper_connections"
+    gemma = family_of("gemma3_text")
+    assert gemma is not None and gemma.tap_of({}) == "gemma3"
+
+
+def test_a_family_sglang_captures_for_block_drafters_only_has_no_eagle3_ids() -> None:
+    with pytest.raises(LayerMappingError, match=r"LagunaForCausalLM.*block drafters only.*laguna.py"):
+        sglang_layer_ids("laguna", [2, 15, 27], 30)
+
+
+def test_docs_models_prints_every_row_with_its_rule_and_tap() -> None:
+    text = (Path(__file__).resolve().parents[3] / "docs" / "models.md").read_text()
+    table = text.partition("## What SGLang feeds the draft, per family")[2].partition("\n## ")[0]
+    for f in FAMILIES:
+        line = next((ln for ln in table.splitlines() if ln.startswith(f"| {f.architecture} |")), None)
+        assert line is not None, f"docs/models.md has no row for {f.architecture}: print FAMILIES again"
+        assert f" {f.sglang_rule or '-'} | {f.dflash_rule or '-'} | {f.tap}" in line, line
