@@ -1,5 +1,6 @@
 """Every stage on every architecture users serve, with the transformers engine, on tiny random-weight targets
-(eagle3/target/tiny.py: Llama, Qwen3, Qwen3-MoE, DeepSeek-V3 (MLA + MoE), GPT-OSS (sliding window, sinks, MoE)).
+(eagle3/target/tiny.py: Llama, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE, GLM-4-MoE, DeepSeek-V3 (MLA + MoE), GPT-OSS
+(sliding window, sinks, MoE)).
 
 One test per architecture runs the library calls each Prefect task makes, in stage order: prepare -> synthesize
 -> extract -> verify -> convert -> train (3 steps, in process) -> export -> offline evaluation. A second one

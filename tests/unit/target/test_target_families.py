@@ -42,7 +42,8 @@ def test_every_row_names_a_known_sglang_rule_and_attention_and_each_key_is_in_on
 def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
     assert TESTED_ARCHITECTURES == ARCHITECTURES == tuple(f.architecture for f in WITH_RECIPE)
     assert TESTED_ARCHITECTURES == (
-        "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM"
+        "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
+        "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM",
     )  # fmt: skip
     for family in WITH_RECIPE:  # a tiny target proves every stage, SGLang's capture and its parity included
         assert family.sglang_rule is not None and family.tap == "residual" and not family.tap_when, family
