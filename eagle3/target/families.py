@@ -280,7 +280,24 @@ FAMILIES: tuple[Family, ...] = (
     ),
     Family("Gemma4ForCausalLM", ("gemma4_text",), ("gemma4_causal.py",), PLUS_ONE, "plus_one"),
     Family("Gemma4ForConditionalGeneration", ("gemma4",), ("gemma4_mm.py",), PLUS_ONE, "plus_one"),
-    Family("Gemma3ForCausalLM", ("gemma3_text",), ("gemma3_causal.py",), PLUS_ONE, tap="gemma3"),
+    Family(
+        "Gemma3ForCausalLM",
+        ("gemma3_text",),
+        ("gemma3_causal.py",),
+        PLUS_ONE,
+        tap="gemma3",
+        attention="gqa",
+        # A tiny target to prove the refusals on (tests/integration/test_refused_families.py), not a tested one.
+        tiny=TinyRecipe(
+            "Gemma3TextConfig",
+            {
+                "num_hidden_layers": 8,
+                "sliding_window": 8,
+                "query_pre_attn_scalar": 16,
+                "hidden_activation": "gelu_pytorch_tanh",
+            },
+        ),
+    ),
     Family("Gemma3ForConditionalGeneration", ("gemma3",), ("gemma3_mm.py", "gemma3_causal.py"), PLUS_ONE, tap="gemma3"),
     Family("LongcatFlashForCausalLM", ("longcat_flash",), ("longcat_flash.py",), PLUS_ONE),
     # MiniMax-M3's language model config says model_type minimax_m2 (sglang/srt/configs/minimax_vl.py): one rule.
@@ -339,8 +356,19 @@ NOT_TARGETS: dict[str, str] = {
     "sgl_mindspore package: " + TAPS["unknown"],
 }
 
-#: The architectures every stage is tested on: the rows with a tiny recipe (the table in docs/models.md).
-TESTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES if f.tiny is not None)
+
+def servable(family: Family) -> bool:
+    """SGLang can feed this family's EAGLE-3 draft the residual stream (whatever its config says)."""
+    return family.sglang_rule is not None and family.tap == RESIDUAL and not family.tap_when
+
+
+#: The architectures every stage is tested on: the rows with a tiny recipe that SGLang serves as stored (the table in
+#: docs/models.md).
+TESTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES if f.tiny is not None and servable(f))
+#: The rows with a tiny recipe that the pipeline refuses to export: their refusals are tested on it.
+REFUSED_ARCHITECTURES: tuple[str, ...] = tuple(
+    f.architecture for f in FAMILIES if f.tiny is not None and not servable(f)
+)
 #: Every model_type with a row, for messages.
 MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.model_types)
 _BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}
