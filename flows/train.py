@@ -15,10 +15,14 @@ from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
+from tasks.preflight import serving_preflight_task
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
 from tasks.train import GPU_LIMIT, train_task
 from tasks.train_fanout import train_on_nodes
+
+#: The stages the train flows run (others in `config.stages` are ignored here).
+DRAFT_STAGES = ("train", "export", "evaluate")
 
 
 def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources) -> State | None:
@@ -59,6 +63,7 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
+    serving_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
     return draft_stages(config, model_dir, sources) or config.run_dir
 
 

@@ -75,6 +75,10 @@ ERROR_ADVICE = {
     "RunLockedError": "Another run holds `{run_dir}` (the error names it): wait for it to finish, or cancel it, "
     "or give this run another `run_dir`.",
     "RunLockLostError": "Another run took over `{run_dir}`: let it finish, then run again.",
+    "ServingRefusedError": "SGLang cannot serve this target's EAGLE-3 draft from what the pipeline stores (the error "
+    "says why, read in SGLang's source: docs/models.md). Run only stages that do not need SGLang (no export, "
+    "`server.engine: transformers`, `evaluate.live: off`), give `extract.sglang_layer_ids` where the error says no "
+    "rule is known, or train a draft for another model.",
     "ExtractIncomplete": ADVICE["extract"],
     "FanoutIncomplete": ADVICE["extract"],
     "BadSamplesFound": ADVICE["verify"],

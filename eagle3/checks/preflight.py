@@ -30,12 +30,22 @@ class PreflightError(ValueError):
     """The run's settings do not fit the store (or each other); the message names the keys and the fix."""
 
 
+class ServingRefusedError(PreflightError):
+    """SGLang cannot feed this target's EAGLE-3 draft what the pipeline stores, and a stage of the run needs it to."""
+
+
+def check_serving(cfg: PipelineConfig, model_dir: Path) -> None:
+    """ServingRefusedError when a stage of `cfg.stages` needs SGLang to serve or capture the target for an EAGLE-3
+    draft and it cannot (serving_problem); the flows other than the pipeline run this before their first stage."""
+    if problem := serving_problem(cfg, model_dir):
+        raise ServingRefusedError(problem)
+
+
 def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
     """Raise PreflightError (or the stage's own refusal: eagle3.data.synthesis_key.SynthesisMixError) naming every
     key in which this run differs from what the store's extracted samples were made with. A store with no
     extracted samples (no run.json) takes any settings: its stages prepare again from scratch."""
-    if problem := serving_problem(cfg, model_dir):
-        raise PreflightError(problem)
+    check_serving(cfg, model_dir)
     if "extract" in cfg.stages:  # the model's depth: refused here rather than once the engine starts
         try:
             resolve_aux_layers(cfg.extract.aux_layers, read_model_facts(model_dir).num_layers)

@@ -145,3 +145,21 @@ def test_a_train_wider_than_the_gpu_limit_is_refused_before_launching(prefect_se
     with pytest.raises(ValueError, match=r"train.nproc=2 but the global concurrency limit 'gpu' has 1 slots"):
         state.result()
     assert not (store / "store" / "train" / "train.log").exists()
+
+
+def test_a_target_sglang_feeds_another_tap_is_refused_before_training_when_export_follows(
+    prefect_server: str, store: Path
+) -> None:
+    from eagle3.checks.preflight import ServingRefusedError
+    from flows.train import train_flow
+
+    cfg_path = store / "target" / "config.json"
+    gemma = {"model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
+    cfg_path.write_text(json.dumps(json.loads(cfg_path.read_text()) | gemma))
+    cfg = config(store).model_copy(update={"stages": ["train", "export"]})
+    state = train_flow(cfg, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ServingRefusedError, match=r"Gemma3ForCausalLM.*not the residual stream.*export \("):
+        state.result()
+    assert "Gemma3ForCausalLM" in (state.message or ""), state.message  # the cause, where the UI shows it
+    assert not (store / "store" / "train" / "train.log").exists()  # refused before training

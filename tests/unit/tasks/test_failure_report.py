@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.checks.preflight import PreflightError, ServingRefusedError
 from eagle3.config import load_config
 from eagle3.data.prepare import BadRowError, DatasetUnreadableError, PrepareError, StoreMismatchError
 from eagle3.store.nearby import NoStoreError, NothingExtractedError
@@ -30,6 +31,9 @@ def test_task_run_names_map_to_their_stage_and_its_advice() -> None:
     locked = type("RunLockedError", (RuntimeError,), {})("held")  # advice goes by the error's class name
     assert "Another run holds `data/runs/k2`" in advice(None, locked, "data/runs/k2")
     assert "run the same deployment again" in advice(None, ValueError("x"), "r")
+    refused = ServingRefusedError("Gemma3ForCausalLM: SGLang 0.5.23 feeds ...")  # not the store's keys: its own fix
+    assert "SGLang cannot serve this target's EAGLE-3 draft" in advice("preflight", refused, "r")
+    assert "run.json" in advice("preflight", PreflightError("extract.aux_layers: store has ..."), "r")
 
 
 def test_the_first_error_is_one_line_and_bounded() -> None:
