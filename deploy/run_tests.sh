@@ -2,7 +2,7 @@
 # Runs the whole suite (unit, integration, end-to-end, UI) on both cores: three pytest processes side by side,
 #   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun)
 #   prefect: tests/e2e tests/ui             (Prefect servers, the `make serve` node, Chromium)
-#   waiting: three end-to-end files that mostly wait, and two library files that fill the waits (below)
+#   waiting: three end-to-end files that mostly wait, and library files that fill the waits (below)
 # split so that they end about together, ~19-20 minutes on two cores (docs/testing.md). Not pytest-xdist's
 # workers: a worker that ran a browser test keeps Playwright's event loop in its main thread and its served node's
 # PREFECT_API_URL, and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md).
@@ -36,11 +36,12 @@ if [ "${PYTEST_SPLIT:-1}" = 0 ]; then
 else
   # The third process holds the end-to-end tests that mostly wait (a schedule's ticks, heartbeats running out,
   # their own Prefect servers): ~4.7 minutes of wall, little CPU, which in the prefect process kept it waiting
-  # while the cores idled (81% busy). Two self-contained CPU-bound library files (~4 minutes) fill its waits,
-  # so the three processes end together (docs/testing.md, session 19); the golden curve goes with test_retrain.py,
-  # whose demo store it shares (a session fixture: one build per process).
+  # while the cores idled (81% busy). Self-contained CPU-bound library files fill its waits, so the three processes
+  # end together (docs/testing.md, sessions 19 and 21): test_generation, test_retrain with the golden curve (they
+  # share the demo store, a session fixture: one build per process) and the SGLang architectures (~6 minutes).
   waiting="tests/e2e/test_schedule.py tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
   filling="tests/integration/test_generation.py tests/integration/test_retrain.py tests/integration/test_golden_curve.py"
+  filling+=" tests/integration/test_architectures_sglang.py"
   names=(library prefect waiting)
   groups=("tests/integration tests/unit $(printf -- '--ignore=%s ' $filling)"
           "tests/e2e tests/ui $(printf -- '--ignore=%s ' $waiting)"

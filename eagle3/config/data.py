@@ -30,8 +30,8 @@ class DataSource(DatasetRef):
     max_samples: int | None = Field(None, gt=0, description="Use at most this many rows of this source (None: all).")
 
 
-class DataConfig(DatasetRef):
-    """Input conversations and how they become token ids. `dataset`, `subset`, `split`, `revision`: DatasetRef."""
+class DataConfig(DatasetRef):  # dataset, subset, split, revision: DatasetRef's
+    """Input conversations and how they become token ids."""
 
     dataset: str = Field(
         "data/demo_prompts.jsonl",
