@@ -28,7 +28,16 @@ from typing import Any
 
 from eagle3.config import ExtractConfig
 from eagle3.serving.aux_layers import resolve_aux_layers
-from eagle3.target.families import FIRST_ID_IS_1, GPT_OSS, MODEL_TYPES, RESIDUAL, TAPS, SGLangRule, family_of
+from eagle3.target.families import (
+    FIRST_ID_IS_1,
+    GPT_OSS,
+    MODEL_TYPES,
+    RESIDUAL,
+    TAPS,
+    Family,
+    SGLangRule,
+    family_of,
+)
 from eagle3.target.files import read_model_facts, read_target_config
 from eagle3.target.layout import text_config
 
@@ -63,6 +72,14 @@ def no_rule_message(model_type: str) -> str:
     )
 
 
+def block_drafters_only_message(family: Family, model_type: str) -> str:
+    return (
+        f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 captures it for block drafters only "
+        f"(set_dflash_layers_to_capture in sglang/srt/models/{', '.join(family.sglang_files)}), never for an "
+        "EAGLE-3 draft: it cannot serve one"
+    )
+
+
 def eagle3_serving_problem(target_cfg: dict[str, Any], override: list[int] | None = None) -> str | None:
     """Why SGLang 0.5.23 cannot feed an EAGLE-3 draft of this target (its config.json) the states this pipeline
     stores and checks (the residual stream, HF hidden_states[i]), or None. `override`: extract.sglang_layer_ids, the
@@ -74,11 +91,7 @@ def eagle3_serving_problem(target_cfg: dict[str, Any], override: list[int] | Non
             return None
         return no_rule_message(model_type)
     if family.sglang_rule is None and override is None:
-        return (
-            f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 captures it for block drafters only "
-            f"(set_dflash_layers_to_capture in sglang/srt/models/{', '.join(family.sglang_files)}), never for an "
-            "EAGLE-3 draft: it cannot serve one"
-        )
+        return block_drafters_only_message(family, model_type)
     tap = family.tap_of(text_config(target_cfg))
     if tap != RESIDUAL:
         return (
@@ -120,10 +133,7 @@ def sglang_layer_ids(
             list(aux_layers), list(override), f"sglang {model_type}: ids set by extract.sglang_layer_ids"
         )
     if family is None and (row := family_of(model_type)) is not None:
-        raise LayerMappingError(
-            f"{row.architecture} (model_type {model_type!r}): SGLang 0.5.23 captures it for block drafters only "
-            f"(sglang/srt/models/{', '.join(row.sglang_files)}), never for an EAGLE-3 draft"
-        )
+        raise LayerMappingError(block_drafters_only_message(row, model_type))
     if family is None:
         raise LayerMappingError(no_rule_message(model_type))
     bad = [i for i in aux_layers if not 1 <= i < num_layers]
