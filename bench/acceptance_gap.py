@@ -4,7 +4,7 @@
     (quality.sh runs it on its bf16 draft, one process per set: logs/bf16-gap-SET.log; --extra-set NAME=PATH adds
     a set of chat rows, e.g. new requests from the prompts stage: docs/performance.md "Quality run 7")
 
-The trainer reports a teacher-forced acceptance on its held-out slice (eagle3/draft/loss.py `chain_acceptance`): a
+The trainer reports a teacher-forced acceptance on its held-out slice (eagle3/draft/distill.py `chain_acceptance`): a
 k-step chain started at *every* answer position, fed the true tokens. Decoding starts a chain only where the
 previous round ended, which is right after the target's bonus token, often where the draft had just been wrong.
 Per evaluation set of the config, this prints:
@@ -32,11 +32,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3.config import EvalSetConfig, load_config
 from eagle3.data.chat import ChatTokenizer
+from eagle3.draft.distill import draft_to_target_ids
+from eagle3.draft.eagle3.drafter import EagleDrafter
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.layers import dense_attend
 from eagle3.draft.load import load_draft
-from eagle3.draft.loss import draft_to_target_ids
-from eagle3.draft.model import Eagle3Draft, dense_attend
 from eagle3.evaluate.offline import aux_layers_of, load_eval_sets, load_target
-from eagle3.evaluate.speculative import EagleDrafter, Target, speculative_decode
+from eagle3.evaluate.speculative import Target, speculative_decode
 from eagle3.target.demo import resolve_model
 
 
@@ -82,7 +84,7 @@ def main() -> None:
     cfg = cfg.model_copy(update={"evaluate": cfg.evaluate.model_copy(update={"sets": [*cfg.evaluate.sets, *extra]})})
     model_dir = resolve_model(cfg.model, args.data_dir or Path(cfg.data_dir))
     target = load_target(model_dir, aux_layers_of(args.run_dir), device=args.device, dtype="float32")
-    draft = load_draft(model_dir, args.checkpoint, device=target.device)
+    draft = load_draft(model_dir, args.checkpoint, device=target.device).model
     k = args.steps
     print("| set | prompts | rounds | decode | replayed (rounds differing) | every pos. | first-position rate: "
           "round starts / every pos. |\n|---|---:|---:|---:|---:|---:|---|")  # fmt: skip

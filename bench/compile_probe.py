@@ -7,9 +7,9 @@ first training step spends its minutes). Run each piece in a fresh process with 
 `mask`: FlexAttention's block mask of one packed row (documents, causal) by torch's create_block_mask, compiled,
 as the trainer built it until session 14 (cold on an H200 it did not finish in 200 s); `mask-eager`: the same
 without compiling; `mask-blocks`: the trainer's now, from each block's first and last document
-(eagle3.draft.model.FlexAttend.block_mask, nothing compiled); `flex`: FlexAttention forward
+(eagle3.draft.layers.FlexAttend.block_mask, nothing compiled); `flex`: FlexAttention forward
 and backward at the quality draft's shapes (SmolLM2: 9 query heads, 3 key/value heads of 64) over that mask;
-`loss`: the fused soft cross-entropy's two chunk functions (eagle3.draft.loss, a 4,096-token chunk, 32,000 draft
+`loss`: the fused soft cross-entropy's two chunk functions (eagle3.draft.distill, a 4,096-token chunk, 32,000 draft
 tokens).
 Prints, per piece, the first call (compilation included) and the second, in seconds.
 """
@@ -60,7 +60,7 @@ def main() -> None:
 
     out: dict[str, object] = {"piece": args.piece, "tokens": args.tokens, "torch": torch.__version__}
     if args.piece == "mask-blocks":
-        from eagle3.draft.model import FlexAttend
+        from eagle3.draft.layers import FlexAttend
 
         flex = FlexAttend()
         out["first_s"] = timed(lambda: flex.block_mask(docs[0]))
@@ -79,7 +79,7 @@ def main() -> None:
         out["first_s"] = timed(lambda: (fwd(z, probs, src, w), bwd(z, probs, src, w)))
         out["second_s"] = timed(lambda: (fwd(z, probs, src, w), bwd(z, probs, src, w)))
     else:
-        from eagle3.draft.model import FlexAttend
+        from eagle3.draft.layers import FlexAttend
 
         attend = FlexAttend()
         qkv = [torch.randn(args.tokens, h, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for h in (9, 3, 3)]

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.draft.checkpoint import save_checkpoint
-from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.shape import DraftConfig
 from eagle3.evaluate.live import LiveEvalResult, ServerRun, evaluate_live, serve_and_measure
 from eagle3.release.export import export_draft
 from eagle3.serving.server import server_device

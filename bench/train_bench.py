@@ -318,7 +318,8 @@ def run(args: argparse.Namespace) -> None:
 
 def check(args: argparse.Namespace) -> None:
     """FlexAttention (compiled, with logsumexp gradients) against the dense reference, forward and backward."""
-    from eagle3.draft.model import FlexAttend, dense_attend, ttt_attention
+    from eagle3.draft.eagle3.model import ttt_attention
+    from eagle3.draft.layers import FlexAttend, dense_attend
 
     torch.manual_seed(0)
     n, nh, nkv, hd = 1024, 8, 2, 64

@@ -14,7 +14,7 @@ from eagle3.config.evaluate import EvalSetConfig, EvaluateConfig
 from eagle3.config.extract import DiskConfig, ExtractConfig, ServerConfig, ServerSlot
 from eagle3.config.load import ConfigError, config_to_yaml, load_config, override_items, overrides_tree
 from eagle3.config.pipeline import RUN_DIR_PLACEHOLDERS, PipelineConfig, resolve_run_dir, run_dir_placeholders
-from eagle3.config.train import TrainConfig
+from eagle3.config.train import DraftMethodName, TrainConfig
 
 __all__ = [
     "DEFAULT_STAGES",
@@ -25,6 +25,7 @@ __all__ = [
     "DataSource",
     "DatasetRef",
     "DiskConfig",
+    "DraftMethodName",
     "EvalSetConfig",
     "EvaluateConfig",
     "ExtractConfig",

@@ -8,10 +8,24 @@ from pydantic import Field, model_validator
 
 from eagle3.config.base import OnOff, StrictModel
 
+#: The draft methods (eagle3/draft/methods.py has one row per name; a unit test keeps the two equal).
+DraftMethodName = Literal["eagle3", "eagle3.1"]
+
 
 class TrainConfig(StrictModel):
-    """EAGLE-3 draft training (training-time test)."""
+    """Draft training: the method, its layers, and the shared loop's settings."""
 
+    method: DraftMethodName = Field(
+        "eagle3",
+        description="The draft method (docs/methods.md). `eagle3`: EAGLE-3. `eagle3.1`: EAGLE-3 with a norm per aux "
+        "state before fc and the post-norm state fed to the next step. Each method trains into its own directory.",
+    )
+    aux_layers: list[int] | None = Field(
+        None,
+        description="Which of the store's aux layers (HF hidden_states indices, run.json) the draft reads. None: the "
+        "method's own (EAGLE-3: a 3-layer store's three, else [2, N//2, N-3]). A store that lacks them is refused "
+        "before training, naming the layers and the extraction that adds them.",
+    )
     nproc: int = Field(1, gt=0, le=1024, description="torchrun processes per node.")
     # several nodes (eagle3/train/launch.py torchrun_command, the train-fanout flow; docs/multinode.md) ----------
     nodes: int = Field(

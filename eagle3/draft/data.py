@@ -176,10 +176,13 @@ def _pread_into(fd: int, offset: int, dst: Tensor, where: Path) -> None:
         done += got
 
 
-def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedBatch:
+def read_row(
+    paths: list[Path], batch_tokens: int, pin: bool = False, layers: list[int] | None = None
+) -> PackedBatch:
     """The samples at `paths` packed into one row of exactly batch_tokens tokens (each cut to batch_tokens),
     read straight from the files into the row's (pinned) buffers: no intermediate copy. FP8 samples stay FP8
-    (with their scales) here; `PackedBatch.dequantized` converts them on the device."""
+    (with their scales) here; `PackedBatch.dequantized` converts them on the device. `layers`: positions in the
+    store's aux layers to keep (a draft that reads a subset of them), in that order; None: all."""
     layouts = [read_layout(p) for p in paths]
     counts = [min(lay.num_tokens, batch_tokens) for lay in layouts]
     n = sum(counts)
@@ -231,7 +234,16 @@ def read_row(paths: list[Path], batch_tokens: int, pin: bool = False) -> PackedB
     for pad in (out.aux_hidden, out.last_hidden, out.aux_scales, out.last_scale):
         if pad is not None:
             pad[a:].view(torch.uint8).zero_()  # bytes: float8 tensors have no fill kernel on every device
+    if layers is not None and layers != list(range(k)):
+        pick = torch.tensor(layers)
+        out.aux_hidden = _pinned(out.aux_hidden.index_select(1, pick), pin)  # [N, K', H]
+        if out.aux_scales is not None:
+            out.aux_scales = _pinned(out.aux_scales.index_select(1, pick), pin)  # [N, K']
     return out
+
+
+def _pinned(x: Tensor, pin: bool) -> Tensor:
+    return x.pin_memory() if pin else x
 
 
 @dataclass(frozen=True)
@@ -255,8 +267,9 @@ class BatchStream:
         device: torch.device,
         threads: int,
         prefetch: int,
+        layers: list[int] | None = None,
     ) -> None:
-        self.samples, self.batch_tokens, self.seed = samples, batch_tokens, seed
+        self.samples, self.batch_tokens, self.seed, self.layers = samples, batch_tokens, seed, layers
         self.rank, self.world, self.device = rank, world, device
         self.prefetch = prefetch
         self.lengths = [s.num_tokens for s in samples]
@@ -275,7 +288,8 @@ class BatchStream:
         return len(self.plan(epoch)) // self.world
 
     def _load(self, row: list[int]) -> PackedBatch:
-        return read_row([self.samples[i].path for i in row], self.batch_tokens, pin=self.device.type == "cuda")
+        paths = [self.samples[i].path for i in row]
+        return read_row(paths, self.batch_tokens, pin=self.device.type == "cuda", layers=self.layers)
 
     def _rows(self, start: DataPosition) -> Iterator[tuple[DataPosition, list[int]]]:
         epoch, rows = start.epoch, start.rows - start.rows % self.world

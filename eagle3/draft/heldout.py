@@ -9,7 +9,7 @@ has the same), read as a number in [0, 1), is below train.heldout_fraction: all 
 side, so the held-out figure measures prompts the draft never trained on; the split is the same on resume, in
 every process, and when the store grows (a sample never moves between the two sides; a larger fraction only adds
 held-out samples). The trainer measures the held-out rows at every checkpoint with its own TTT forward and loss
-(eagle3/draft/loss.py, no gradient): per-TTT-step accuracy and the teacher-forced acceptance length of a k-step
+(the method's, no gradient): per-TTT-step accuracy and the teacher-forced acceptance length of a k-step
 chain (`chain_acceptance`).
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from eagle3.draft.data import DataError, Sample
-from eagle3.draft.loss import TTTLoss, chain_acceptance
+from eagle3.draft.distill import DraftLoss, chain_acceptance
 from eagle3.store.sample_ids import source_of
 
 #: The split rule, recorded in every checkpoint: a training whose checkpoints lack it chose its held-out samples by
@@ -101,7 +101,7 @@ class HeldoutTally:
     loss: list[float] = field(default_factory=list)
     tokens: int = 0
 
-    def add(self, out: TTTLoss, tokens: int) -> None:
+    def add(self, out: DraftLoss, tokens: int) -> None:
         hits, labels = out.step_hits.double().cpu(), out.step_labels.double().cpu()
         self.hits = hits if self.hits is None else self.hits + hits
         self.labels = labels if self.labels is None else self.labels + labels

@@ -1,7 +1,10 @@
 """A trained draft back from a trainer checkpoint, for evaluation.
 
-    draft = load_draft(model_dir, "<out>")                        # the newest complete checkpoint
-    draft = load_draft(model_dir, "<out>/checkpoints/step-00000200", device=torch.device("cuda"))
+    loaded = load_draft(model_dir, "<out>")                       # the newest complete checkpoint
+    loaded = load_draft(model_dir, "<out>/checkpoints/step-00000200", device=torch.device("cuda"))
+    loaded.method, loaded.model, loaded.aux_layers, loaded.drafter()   # what it is, and its drafting procedure
+
+state.json names the method (train.method) and the store layers the draft reads; the method builds the module.
 
 The checkpoint's model.safetensors holds everything but the embedding (eagle3/draft/checkpoint.py). Its shapes
 give the draft's size: fc.weight is [H, K * H_target], so K aux layers; d2t has one entry per draft id. The
@@ -10,15 +13,19 @@ rest (heads, RoPE, norms) comes from the target's config.json, and the frozen em
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
+from torch import nn
 
-from eagle3.draft.checkpoint import WEIGHTS, CheckpointError, resolve_checkpoint
-from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
+from eagle3.draft.method import Drafter, DraftMethod, MethodError
+from eagle3.draft.methods import method_named
+from eagle3.draft.shape import DraftConfig
 from eagle3.store.fsio import read_json
 from eagle3.target.files import weight_map
 from eagle3.target.layout import HEAD_KEYS, LM_PREFIXES, text_config
@@ -55,17 +62,43 @@ def target_head_keys(target_cfg: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     return {"embedding": embedding, "lm_head": embedding if tied else HEAD_KEYS}
 
 
+@dataclass(frozen=True)
+class LoadedDraft:
+    """A trained draft with what it was trained as: its method and the store layers it reads (None: a checkpoint
+    written before drafts recorded them, which read all of its store's layers)."""
+
+    method: DraftMethod
+    model: nn.Module
+    aux_layers: list[int] | None
+
+    def drafter(self) -> Drafter:
+        return self.method.drafter(self.model)
+
+
+def checkpoint_method(path: Path) -> tuple[DraftMethod, list[int] | None]:
+    """The method and layers a checkpoint's state.json records (before methods: EAGLE-3, layers unrecorded)."""
+    state = read_state(path) if (path / STATE).is_file() else {}
+    name = state.get("method") or state.get("config", {}).get("method") or "eagle3"
+    try:
+        method = method_named(str(name))
+    except MethodError as e:
+        raise CheckpointError(f"{path / STATE}: {e}") from None
+    layers = state.get("aux_layers")
+    return method, (list(layers) if layers is not None else None)
+
+
 def load_draft(
     model_dir: Path, checkpoint: Path, *, device: torch.device | None = None, dtype: torch.dtype = torch.float32
-) -> Eagle3Draft:
+) -> LoadedDraft:
     """The draft of `checkpoint` (a step directory, or a checkpoints root / training out_dir: its latest) for the
     target in `model_dir`, in eval mode. Raises CheckpointError when the weights do not fit the target."""
     path = resolve_checkpoint(checkpoint)
+    method, aux_layers = checkpoint_method(path)
     weights = load_file(str(path / WEIGHTS))
     target_cfg = read_json(Path(model_dir) / "config.json")
     missing = [k for k in ("fc.weight", "d2t", "t2d") if k not in weights]
     if missing:
-        raise CheckpointError(f"{path / WEIGHTS}: no {missing}; is it an EAGLE-3 trainer checkpoint?")
+        raise CheckpointError(f"{path / WEIGHTS}: no {missing}; is it a draft trainer checkpoint?")
     probe = DraftConfig.from_target(target_cfg, num_aux=1, draft_vocab_size=1)
     fused = int(weights["fc.weight"].shape[1])
     if fused % probe.target_hidden_size:
@@ -78,12 +111,12 @@ def load_draft(
     )
     keys = {"embedding": target_head_keys(target_cfg)["embedding"]}
     embedding = load_target_tensors(Path(model_dir), keys)["embedding"]
-    draft = Eagle3Draft(cfg, embedding.to(dtype))
-    expected = draft.trainable_state_dict()
+    draft = method.build(cfg, embedding.to(dtype))
+    expected = draft.trainable_state_dict()  # type: ignore[operator]
     if set(weights) != set(expected):
         raise CheckpointError(
-            f"{path / WEIGHTS}: missing {sorted(set(expected) - set(weights))}, "
-            f"unexpected {sorted(set(weights) - set(expected))}"
+            f"{path / WEIGHTS}: a {method.name} draft has other tensors: missing "
+            f"{sorted(set(expected) - set(weights))}, unexpected {sorted(set(weights) - set(expected))}"
         )
     for key, value in expected.items():
         if value.shape != weights[key].shape:
@@ -92,4 +125,4 @@ def load_draft(
                 f"{tuple(value.shape)}"
             )
     draft.load_state_dict(weights, strict=False)  # strict=False: the embedding is not in the checkpoint
-    return draft.to(device=device, dtype=dtype).eval()
+    return LoadedDraft(method, draft.to(device=device, dtype=dtype).eval(), aux_layers)

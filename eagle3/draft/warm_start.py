@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.draft.checkpoint import WEIGHTS
-from eagle3.draft.model import Eagle3Draft
+from eagle3.draft.method import DraftModule
 
 
 class WarmStartError(ValueError):
@@ -35,7 +35,7 @@ class WarmStart:
 
 
 @torch.no_grad()
-def warm_start(model: Eagle3Draft, export_dir: Path) -> WarmStart:
+def warm_start(model: DraftModule, export_dir: Path) -> WarmStart:
     path = Path(export_dir) / WEIGHTS
     if not path.is_file():
         raise WarmStartError(f"{path}: no exported weights; train.init=previous needs an exported draft")

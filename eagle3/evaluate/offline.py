@@ -33,7 +33,8 @@ from eagle3.data.generate import stop_token_ids
 from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
-from eagle3.evaluate.speculative import Decoded, Drafter, EagleDrafter, Round, Target, greedy_decode, speculative_decode
+from eagle3.draft.method import Drafter
+from eagle3.evaluate.speculative import Decoded, Round, Target, greedy_decode, speculative_decode
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_json, read_json
 from eagle3.store.paths import RunPaths
@@ -152,6 +153,7 @@ class OfflineEvalResult(BaseModel):
     checkpoint: str
     aux_layers: list[int]
     steps: int
+    method: str = "eagle3"  # train.method of the draft (eagle3/draft/methods.py)
     max_new_tokens: int
     device: str
     dtype: str
@@ -364,18 +366,22 @@ def offline_sets(
     if not sets or any(not s.ids for s in sets):
         raise EvalError("no prompts to evaluate")
     if isinstance(run_dir_or_aux_layers, str | Path):
-        aux_layers = aux_layers_of(Path(run_dir_or_aux_layers))
+        store_layers = aux_layers_of(Path(run_dir_or_aux_layers))
     else:
-        aux_layers = list(run_dir_or_aux_layers)
-    target = load_target(Path(model_dir), aux_layers, device=device, dtype=dtype)
+        store_layers = list(run_dir_or_aux_layers)
     path = resolve_checkpoint(Path(checkpoint))
-    draft = load_draft(Path(model_dir), path, device=target.device)
-    if draft.cfg.num_aux != len(aux_layers):
+    loaded = load_draft(Path(model_dir), path, device=torch_device(device))
+    aux_layers = loaded.aux_layers if loaded.aux_layers is not None else store_layers
+    missing = [x for x in aux_layers if x not in store_layers]
+    num_aux = loaded.model.cfg.num_aux  # type: ignore[union-attr]
+    if missing or num_aux != len(aux_layers):
         raise EvalError(
-            f"{path}: the draft fuses {draft.cfg.num_aux} aux states, the store has {len(aux_layers)} aux layers "
-            f"{aux_layers}: pass the run directory it was trained on"
+            f"{path}: the draft reads {num_aux} aux states (layers {aux_layers}), the store has aux layers "
+            f"{store_layers}: pass the run directory it was trained on"
         )
-    drafter, ks = EagleDrafter(draft), list(chain_lengths)
+    target = load_target(Path(model_dir), aux_layers, device=device, dtype=dtype)
+    loaded.model.to(target.device)
+    drafter, ks = loaded.drafter(), list(chain_lengths)
     counter = ProgressCounter("evaluate", sum(len(s.ids) for s in sets), progress)
     runs = []
     for one in sets:
@@ -385,6 +391,7 @@ def offline_sets(
             runs.append(summarize(
                 decoded[k], reference, {"greedy_s": greedy_s, "speculative_s": spec_s[k]}, one.ids, steps=k,
                 categories=one.categories, model_dir=str(model_dir), checkpoint=str(path), aux_layers=aux_layers,
+                method=loaded.method.name,
                 max_new_tokens=max_new_tokens, device=str(target.device), dtype=dtype,
                 elapsed_s=time.monotonic() - set_start, set_name=one.name, set_kind=one.kind, dataset=one.dataset,
             ))  # fmt: skip

@@ -45,7 +45,9 @@ from safetensors.torch import load_file, save
 
 from eagle3.convert.vocab import check_vocab_map
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
-from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.draft.load import checkpoint_method
+from eagle3.draft.method import DraftMethod
+from eagle3.draft.shape import DraftConfig
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.layers import LayerMappingError, SGLangLayers, eagle3_serving_problem, sglang_layer_ids
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
@@ -73,11 +75,13 @@ class ExportResult(BaseModel):
     checkpoint: str
     checkpoint_step: int | None
     checkpoint_sha256: str = Field(description="sha256 of the checkpoint's model.safetensors")
+    method: str = Field("eagle3", description="train.method of the draft (docs/methods.md)")
+    speculative_algorithm: str = Field("EAGLE3", description="SGLang's --speculative-algorithm for this draft")
     run_dir: str
     model_dir: str
     model_sha256: str = Field(description="fingerprint of model_dir now (eagle3.target.files.model_fingerprint)")
     run_model_sha256: str = Field(description="the fingerprint run.json recorded at extraction")
-    aux_layers: list[int] = Field(description="HF hidden_states indices the draft was trained on")
+    aux_layers: list[int] = Field(description="HF hidden_states indices the draft was trained on (and reads)")
     sglang_layer_ids: list[int] = Field(description="eagle_config.eagle_aux_hidden_state_layer_ids (SGLang ids)")
     sglang_layer_convention: str
     speculators_layer_ids: list[int] = Field(description="vLLM/speculators ids (input of layer k = HF index k)")
@@ -99,58 +103,18 @@ def default_export_dir(run_dir: Path) -> Path:
     return RunPaths(run_dir).draft_latest
 
 
-def sglang_config(cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]:
-    """config.json of the SGLang draft directory."""
-    return {
-        **cfg.llama_config(),
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids), "use_aux_hidden_state": True},
-    }
-
-
-def speculators_config(
-    cfg: DraftConfig, layer_ids: list[int], *, verifier: str, verifier_architectures: list[str], speculative_tokens: int
-) -> dict[str, Any]:
-    """config.json in speculators' Eagle3SpeculatorConfig layout. `norm_before_residual` is false: our (and
-    SGLang's) first layer keeps the un-normed hidden state as its residual."""
-    layer = {k: v for k, v in cfg.llama_config().items() if k not in ("architectures", "draft_vocab_size",
-                                                                       "target_hidden_size")}  # fmt: skip
-    layer.update(attention_bias=False, mlp_bias=False)
-    return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "transformer_layer_config": layer,
-        "draft_vocab_size": cfg.draft_vocab_size,
-        "norm_before_residual": False,
-        "target_hidden_size": cfg.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(layer_ids),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": speculative_tokens,
-                    "accept_tolerance": 0.0,
-                    "verifier_accept_k": 1,
-                }
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": verifier_architectures},
-        },
-        "torch_dtype": "bfloat16",
-    }
-
-
-def speculators_key(name: str) -> str:
-    """Our (SGLang's) key -> speculators' Eagle3DraftModel key."""
-    return "layers.0." + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
-
-
 def sglang_args(
-    model_dir: Path, draft_dir: Path, *, steps: int, topk: int = 1, draft_tokens: int | None = None
+    model_dir: Path,
+    draft_dir: Path,
+    *,
+    steps: int,
+    topk: int = 1,
+    draft_tokens: int | None = None,
+    algorithm: str = "EAGLE3",
 ) -> list[str]:
     return [
         "--model-path", str(model_dir),
-        "--speculative-algorithm", "EAGLE3",
+        "--speculative-algorithm", algorithm,
         "--speculative-draft-model-path", str(draft_dir),
         "--speculative-num-steps", str(steps),
         "--speculative-eagle-topk", str(topk),
@@ -159,14 +123,15 @@ def sglang_args(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-def _check_weights(path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfig) -> None:
+def _check_weights(path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfig, method: DraftMethod) -> None:
     """The checkpoint holds exactly the draft's trainable tensors, in its shapes, and a consistent vocab map."""
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in Eagle3Draft(cfg).trainable_state_dict().items()}
+        draft = method.build(cfg)
+        expected = {k: tuple(v.shape) for k, v in draft.trainable_state_dict().items()}  # type: ignore[operator]
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
         raise ExportError(
-            f"{path}: keys do not match the LlamaForCausalLMEagle3 draft SGLang loads: missing {missing}, "
+            f"{path}: keys do not match the {method.name} draft SGLang loads: missing {missing}, "
             f"unexpected {unexpected} (SGLang would drop unknown keys silently and serve uninitialised weights)"
         )
     bad = {k: (tuple(weights[k].shape), s) for k, s in expected.items() if tuple(weights[k].shape) != s}
@@ -183,11 +148,11 @@ def _check_weights(path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfi
 
 
 def _export_key(
-    checkpoint_sha: str, target_cfg_sha: str, layers: list[list[int]], tokens: int, paths: list[Path]
+    checkpoint_sha: str, target_cfg_sha: str, layers: list[list[int]], method: str, tokens: int, paths: list[Path]
 ) -> str:
     """Over what makes an export valid: its inputs, and the absolute paths written into it (serve args,
     the speculators verifier), so a moved run directory or target is exported again."""
-    blob = json.dumps([EXPORT_FORMAT, checkpoint_sha, target_cfg_sha, layers, tokens, [str(p) for p in paths]])
+    blob = json.dumps([EXPORT_FORMAT, checkpoint_sha, target_cfg_sha, layers, method, tokens, [str(p) for p in paths]])
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -199,10 +164,13 @@ def _previous(out_dir: Path, key: str) -> ExportResult | None:
         return None
     if prev is None:
         return None
-    files = {out_dir / WEIGHTS: prev.weights_bytes, out_dir / SPECULATORS_DIR / WEIGHTS: prev.speculators_weights_bytes}
+    files = {out_dir / WEIGHTS: prev.weights_bytes}
+    configs = [out_dir / "config.json"]
+    if prev.speculators_weights_bytes:  # a method without a speculators layout writes no copy
+        files[out_dir / SPECULATORS_DIR / WEIGHTS] = prev.speculators_weights_bytes
+        configs.append(out_dir / SPECULATORS_DIR / "config.json")
     intact = all(p.is_file() and p.stat().st_size == n for p, n in files.items())
-    configs = (out_dir / "config.json").is_file() and (out_dir / SPECULATORS_DIR / "config.json").is_file()
-    return prev if prev.key == key and intact and configs else None
+    return prev if prev.key == key and intact and all(c.is_file() for c in configs) else None
 
 
 def read_export(out_dir: Path) -> ExportResult | None:
@@ -222,16 +190,25 @@ def _swap_in(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def served_layer_ids(info: RunInfo, model_type: str) -> SGLangLayers:
+def served_layer_ids(info: RunInfo, model_type: str, layers: list[int] | None = None) -> SGLangLayers:
     """The SGLang ids the draft config names: exactly those run.json recorded when SGLang extracted the store;
-    for another engine, what SGLang extraction would have passed (the recorded extract.sglang_layer_ids included)."""
+    for another engine, what SGLang extraction would have passed (the recorded extract.sglang_layer_ids included).
+    `layers`: the store layers the draft reads (a subset of run.json's, in its order); None: all of them."""
     if info.engine == "sglang":
-        return SGLangLayers(list(info.aux_layers), list(info.engine_layer_ids), info.engine_layer_convention)
-    override = info.config.get("extract", {}).get("sglang_layer_ids")
-    try:
-        return sglang_layer_ids(model_type, info.aux_layers, info.num_layers, override)
-    except LayerMappingError as e:
-        raise ExportError(f"{e} (the store's run.json records the extraction config)") from None
+        whole = SGLangLayers(list(info.aux_layers), list(info.engine_layer_ids), info.engine_layer_convention)
+    else:
+        override = info.config.get("extract", {}).get("sglang_layer_ids")
+        try:
+            whole = sglang_layer_ids(model_type, info.aux_layers, info.num_layers, override)
+        except LayerMappingError as e:
+            raise ExportError(f"{e} (the store's run.json records the extraction config)") from None
+    if layers is None or layers == whole.aux_layers:
+        return whole
+    missing = [x for x in layers if x not in whole.aux_layers]
+    if missing:
+        raise ExportError(f"the draft reads aux layers {layers}; the store's run.json has {whole.aux_layers}")
+    ids = [whole.layer_ids[whole.aux_layers.index(x)] for x in layers]
+    return SGLangLayers(list(layers), ids, whole.convention)
 
 
 def export_draft(
@@ -258,13 +235,18 @@ def export_draft(
     target_cfg = read_json(model_dir / "config.json")
     _check_same_target(info, target_cfg, run_dir, model_dir)
     _check_served_tap(info, target_cfg, run_dir)
-    layers = served_layer_ids(info, str(target_cfg.get("model_type", "")))
+    try:
+        method, draft_layers = checkpoint_method(ckpt)
+    except CheckpointError as e:
+        raise ExportError(str(e)) from None
+    layers = served_layer_ids(info, str(target_cfg.get("model_type", "")), draft_layers)
 
     ckpt_sha = sha256_file(ckpt / WEIGHTS)
     key = _export_key(
         ckpt_sha,
         sha256_file(model_dir / "config.json"),
-        [info.aux_layers, layers.layer_ids],
+        [info.aux_layers, layers.aux_layers, layers.layer_ids],
+        method.name,
         speculative_tokens,
         [model_dir.resolve(), out_dir.resolve()],
     )
@@ -273,7 +255,7 @@ def export_draft(
         counter.add(3, skipped=3)
         return prev.model_copy(update={"skipped": True})
 
-    cfg, tensors = _draft_tensors(ckpt, info, target_cfg)
+    cfg, tensors = _draft_tensors(ckpt, len(layers.aux_layers), target_cfg, method)
     counter.add()
 
     state = read_state(ckpt) if (ckpt / STATE).is_file() else {}
@@ -286,19 +268,30 @@ def export_draft(
         )
     meta = {"format": EXPORT_FORMAT, "checkpoint_sha256": ckpt_sha}
     sglang_bytes = save(tensors, metadata=meta)
-    spec_bytes = save({speculators_key(k): v for k, v in tensors.items()}, metadata=meta)
-    spec_ids = list(info.aux_layers)  # vLLM's "input of layer k" is HF index k
+    spec_config = method.speculators_config(
+        cfg,
+        list(layers.aux_layers),  # vLLM's "input of layer k" is HF index k
+        verifier=str(model_dir.resolve()),
+        verifier_architectures=list(target_cfg.get("architectures") or []),
+        speculative_tokens=speculative_tokens,
+    )
+    spec_bytes = save({method.speculators_key(k): v for k, v in tensors.items()}, metadata=meta) if spec_config else b""
+    if spec_config is None:
+        notes.append(f"no speculators copy: {method.speculators_note}")
+    spec_ids = list(layers.aux_layers)
     result = ExportResult(
         key=key,
         out_dir=str(out_dir),
         checkpoint=str(ckpt),
         checkpoint_step=state.get("step"),
         checkpoint_sha256=ckpt_sha,
+        method=method.name,
+        speculative_algorithm=method.algorithm,
         run_dir=str(run_dir),
         model_dir=str(model_dir),
         model_sha256=model_sha,
         run_model_sha256=info.model_sha256,
-        aux_layers=list(info.aux_layers),
+        aux_layers=list(layers.aux_layers),
         sglang_layer_ids=layers.layer_ids,
         sglang_layer_convention=layers.convention,
         speculators_layer_ids=spec_ids,
@@ -308,25 +301,18 @@ def export_draft(
         num_parameters=sum(v.numel() for k, v in tensors.items() if v.is_floating_point()),
         weights_bytes=len(sglang_bytes),
         speculators_weights_bytes=len(spec_bytes),
-        sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens),
+        sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens,
+                                algorithm=method.algorithm),
         notes=notes,
     )
 
     def write(tmp: Path) -> None:
-        atomic_write_json(tmp / "config.json", sglang_config(cfg, layers.layer_ids))
+        atomic_write_json(tmp / "config.json", method.sglang_config(cfg, layers.layer_ids))
         atomic_write_bytes(tmp / WEIGHTS, sglang_bytes)
         counter.add()
-        atomic_write_json(
-            tmp / SPECULATORS_DIR / "config.json",
-            speculators_config(
-                cfg,
-                spec_ids,
-                verifier=str(model_dir.resolve()),
-                verifier_architectures=list(target_cfg.get("architectures") or []),
-                speculative_tokens=speculative_tokens,
-            ),
-        )
-        atomic_write_bytes(tmp / SPECULATORS_DIR / WEIGHTS, spec_bytes)
+        if spec_config is not None:
+            atomic_write_json(tmp / SPECULATORS_DIR / "config.json", spec_config)
+            atomic_write_bytes(tmp / SPECULATORS_DIR / WEIGHTS, spec_bytes)
         atomic_write_json(tmp / EXPORT_FILE, result.model_dump(mode="json"))
 
     _build_and_swap_in(out_dir, write)
@@ -359,15 +345,15 @@ def _check_same_target(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path,
 
 
 def _draft_tensors(
-    ckpt: Path, info: RunInfo, target_cfg: dict[str, Any]
+    ckpt: Path, num_aux: int, target_cfg: dict[str, Any], method: DraftMethod
 ) -> tuple[DraftConfig, dict[str, torch.Tensor]]:
     """The checkpoint's weights, checked against the draft they must describe, as served: floats in bf16."""
     weights = load_file(str(ckpt / WEIGHTS))
     d2t = weights.get("d2t")
     if d2t is None:
         raise ExportError(f"{ckpt}/{WEIGHTS}: no d2t (draft vocab map); was it written by eagle3's trainer?")
-    cfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
-    _check_weights(ckpt / WEIGHTS, weights, cfg)
+    cfg = DraftConfig.from_target(target_cfg, num_aux=num_aux, draft_vocab_size=len(d2t))
+    _check_weights(ckpt / WEIGHTS, weights, cfg, method)
     tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sorted(weights.items())}
     tensors["d2t"], tensors["t2d"] = weights["d2t"].to(torch.int64), weights["t2d"].to(torch.bool)
     return cfg, tensors

@@ -8,7 +8,7 @@ from a fixed seed, so a directory is the same bytes each time it is built; it is
 `eagle3 model tiny ARCH` and the tests' `tiny_models` fixture (tests/conftest.py).
 
 Rope: each keeps its family's real RoPE: yarn for DeepSeek-V3 / Kimi and GPT-OSS (their published parameters),
-plain for the others. The draft does not copy yarn: eagle3/draft/model.py DraftConfig.from_target says what it does.
+plain for the others. The draft does not copy yarn: eagle3/draft/shape.py DraftConfig.from_target says what it does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The EAGLE-3 trainer: build from a TrainJob, then a short loop around a one-screen step.
+"""The draft trainer, shared by every draft method: build from a TrainJob, then a short loop around a one-screen step.
+The method (train.method, eagle3/draft/method.py) builds the draft and computes its loss; the loop, the data, the
+optimizer, checkpoints, the held-out slice, DDP/FSDP2 and resume are the same for all.
 
     job  = TrainJob(train=cfg.train, run_dir=..., model_dir=..., out_dir=...)   # written to a file by the task
     with Trainer.build(job, rank=r, world=w, local_rank=l) as t:               # torchrun: eagle3/train/worker.py
@@ -23,7 +25,7 @@ import contextlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +45,13 @@ from eagle3.draft.checkpoint import (
     step_dir,
 )
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map, read_row
+from eagle3.draft.distill import DraftLoss, target_distribution
 from eagle3.draft.heldout import SPLIT_RULE, HeldoutTally, heldout_rows, split_heldout
+from eagle3.draft.layers import AttendFn, FlexAttend, dense_attend
 from eagle3.draft.load import load_target_tensors, target_head_keys
-from eagle3.draft.loss import TTTLoss, target_distribution, ttt_loss
-from eagle3.draft.model import AttendFn, DraftConfig, Eagle3Draft, FlexAttend, dense_attend
+from eagle3.draft.method import DraftModule, MethodError
+from eagle3.draft.methods import method_named
+from eagle3.draft.shape import DraftConfig
 from eagle3.draft.warm_start import WarmStart, warm_start
 from eagle3.progress import Progress, ProgressFn, no_progress
 from eagle3.store.fsio import read_json
@@ -104,7 +109,7 @@ def check_resumable(checkpoint: Path, state: dict[str, Any], cfg: TrainConfig) -
         )
 
 
-def shard_draft(model: Eagle3Draft, device: torch.device, world: int) -> None:
+def shard_draft(model: torch.nn.Module, device: torch.device, world: int) -> None:
     """FSDP2 in place: the draft's trainable parameters become DTensors sharded over the `world` ranks (dim 0), and
     so do their gradients and AdamW moments. One FSDP unit, the whole draft: the decoder layer, norm and lm_head
     run once per TTT step, so a unit per submodule would only add all-gathers (or reduce-scatter a gradient
@@ -201,11 +206,18 @@ class Trainer:
         info = RunStore(run_dir).require_run_info("train reads the store the extract stage wrote")
         target_cfg = read_json(Path(job.model_dir) / "config.json")
         d2t, t2d = load_vocab_map(run_dir)
-        dcfg = DraftConfig.from_target(target_cfg, num_aux=len(info.aux_layers), draft_vocab_size=len(d2t))
+        self.method = method_named(self.cfg.method)
+        try:
+            self.method.check(self.cfg)
+            self.aux_layers = self.method.layers(info.aux_layers, info.num_layers, self.cfg.aux_layers)
+        except MethodError as e:
+            raise TrainError(f"{run_dir}/run.json: {e}") from None
+        picked = [info.aux_layers.index(x) for x in self.aux_layers]  # positions in the store's [T, K, H]
+        dcfg = DraftConfig.from_target(target_cfg, num_aux=len(self.aux_layers), draft_vocab_size=len(d2t))
         self._check(info, dcfg, t2d)
 
         self._build_model(target_cfg, dcfg, d2t, t2d)
-        self.params = [p for _, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in self.module.named_parameters() if p.requires_grad]
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
             self.params, lr=self.cfg.lr, betas=(0.9, 0.95), weight_decay=self.cfg.weight_decay, fused=fused
@@ -223,7 +235,9 @@ class Trainer:
             device=device,
             threads=self.cfg.loader_threads,
             prefetch=self.cfg.prefetch_batches,
+            layers=picked,
         )
+        self.picked = picked
         per_epoch = self.stream.steps_per_epoch(0)
         self.total_steps = self.cfg.max_steps or max(1, math.ceil(self.cfg.epochs * per_epoch))
         c = self.cfg
@@ -234,10 +248,10 @@ class Trainer:
         self.start_step = self.step
         use_flex = c.attention == "flex" or (c.attention == "auto" and device.type == "cuda")
         self.flex = FlexAttend() if use_flex else None
-        self.net: torch.nn.Module = self.model  # what the step calls: the draft (sharded in place under FSDP2) or DDP's
+        self.net: torch.nn.Module = self.module  # what the step calls: the draft (FSDP2: sharded in place) or DDP's
         if world > 1 and not self.fsdp:
             self.net = DistributedDataParallel(
-                self.model,
+                self.module,
                 device_ids=[device.index] if fused else None,
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
@@ -249,7 +263,8 @@ class Trainer:
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         target = load_target_tensors(Path(job.model_dir), target_head_keys(target_cfg))
         torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
-        self.model = Eagle3Draft(dcfg, target["embedding"].to(dtype)).to(device)
+        self.module = self.method.build(dcfg, target["embedding"].to(dtype)).to(device)
+        self.model: DraftModule = self.module  # type: ignore[assignment]  # the method's draft is a DraftModule
         self.model.set_vocab_map(d2t.to(device), t2d.to(device))
         self.warm: WarmStart | None = None
         if job.init_from is not None and latest_checkpoint(self.ckpt_dir) is None:  # a resume has its own weights
@@ -259,14 +274,14 @@ class Trainer:
             self.model.compile_blocks()
         self.fsdp = self.world > 1 and self.cfg.parallel == "fsdp"
         if self.fsdp:  # before the optimizer and the checkpoint: both see the sharded parameters
-            shard_draft(self.model, device, self.world)
+            shard_draft(self.module, device, self.world)
 
     def _resume(self) -> None:
         """Step, data position, weights and optimizer state from the latest complete checkpoint, if any."""
         self.step, self.pos = 0, DataPosition(0, 0)
         self.checkpoint: Path | None = latest_checkpoint(self.ckpt_dir)
         if self.checkpoint is not None:
-            state = load_checkpoint(self.checkpoint, self.model, self.optimizer, self.scheduler)
+            state = load_checkpoint(self.checkpoint, self.module, self.optimizer, self.scheduler)
             check_resumable(self.checkpoint, state, self.cfg)
             self.step, self.pos = state["step"], DataPosition(**state["data_position"])
             if self.cfg.select == "best" and self.rank == 0:  # a kill between latest.json and best.json
@@ -311,16 +326,15 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
     # the step ---------------------------------------------------------------------------------------------------
-    def forward_loss(self, net: torch.nn.Module, batch: PackedBatch) -> TTTLoss:
-        """Target distribution, TTT forward through `net`, TTT loss: the step's and the held-out measurement's."""
+    def forward_loss(self, net: torch.nn.Module, batch: PackedBatch) -> DraftLoss:
+        """Target distribution, then the method's forward through `net` and its loss: the step's and the held-out
+        measurement's."""
         c, m = self.cfg, self.model
         target = target_distribution(batch.last_hidden, self.lm_head, m.d2t, m.t2d, c.target_chunk_tokens)
-        attend = self.attend_for(batch.doc)
-        aux = batch.aux_hidden if self.bf16 else batch.aux_hidden.float()  # [N, K, H]
-        with self.autocast():
-            logits = net(batch.input_ids, aux, batch.positions, batch.remaining, attend, c.ttt_steps)
-        return ttt_loss(logits, target, batch.loss_mask, batch.remaining, m.d2t, c.ttt_decay, c.target_chunk_tokens,
-                        fused=self.compiled)  # fmt: skip
+        if not self.bf16:
+            batch = replace(batch, aux_hidden=batch.aux_hidden.float())  # [N, K, H]
+        return self.method.loss(net, self.module, batch, target, c, self.attend_for(batch.doc), self.autocast,
+                                self.compiled)  # fmt: skip
 
     def train_step(self, batch: PackedBatch) -> StepOut:
         """One optimizer step on one packed batch: target, TTT forward, loss, backward, clip, AdamW, schedule."""
@@ -398,7 +412,7 @@ class Trainer:
         ).double()
         if self.world > 1:
             dist.all_reduce(vec)
-        k = self.cfg.ttt_steps
+        k = self.method.positions(self.cfg)
         v = vec.tolist()
         n = s * self.world
         hits, labels = v[2 + k : 2 + 2 * k], v[2 + 2 * k :]
@@ -426,26 +440,28 @@ class Trainer:
         without communication; under FSDP2 each forward all-gathers the weights, a collective all ranks join."""
         if not self.heldout:
             return None
-        tally = HeldoutTally(k=min(self.cfg.select_steps, self.cfg.ttt_steps))
+        tally = HeldoutTally(k=min(self.cfg.select_steps, self.method.positions(self.cfg)))
         for row in self.heldout:
-            cpu = read_row([s.path for s in row], self.cfg.batch_tokens)
+            cpu = read_row([s.path for s in row], self.cfg.batch_tokens, layers=self.picked)
             batch = cpu.to(self.device).dequantized()
-            tally.add(self.forward_loss(self.model, batch), batch.num_tokens)
+            tally.add(self.forward_loss(self.module, batch), batch.num_tokens)
         if self.fsdp:
-            self.model.reshard()  # type: ignore[operator]  # FSDP2: the root keeps its gathered weights otherwise
+            self.module.reshard()  # type: ignore[operator]  # FSDP2: the root keeps its gathered weights otherwise
         return {"step": self.step, **tally.record()}
 
     def _save(self, reporter: Reporter | None = None) -> None:
         heldout = self.measure_heldout()
         tensors = None  # FSDP2: the all-gathers are collective, every rank takes part; rank 0 writes
         if self.rank == 0 or self.fsdp:
-            tensors = gather_tensors(self.model, self.optimizer, keep=self.rank == 0)
+            tensors = gather_tensors(self.module, self.optimizer, keep=self.rank == 0)
         if self.rank == 0:
             state = {
                 "data_position": {"epoch": self.pos.epoch, "rows": self.pos.rows},
                 "world": self.world,
                 "total_steps": self.total_steps,
                 "config": self.cfg.model_dump(mode="json"),
+                "method": self.method.name,
+                "aux_layers": self.aux_layers,
                 "heldout_split": SPLIT_RULE,
             }
             if heldout is not None:
@@ -453,7 +469,7 @@ class Trainer:
             self.checkpoint = save_checkpoint(
                 self.ckpt_dir,
                 self.step,
-                self.model,
+                self.module,
                 self.optimizer,
                 self.scheduler,
                 state,

@@ -16,7 +16,8 @@ import torch
 import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import save_checkpoint
-from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.shape import DraftConfig
 from eagle3.release.export import ExportResult, export_draft
 from eagle3.serving.layers import extraction_layers
 from eagle3.serving.server import SGLangServer

@@ -16,8 +16,11 @@ from eagle3.config import EvaluateConfig
 from eagle3.data.chat import ChatTokenizer
 from eagle3.data.eval_sets import HUMANEVAL_REQUEST, EvalError
 from eagle3.draft.checkpoint import save_checkpoint
+from eagle3.draft.eagle3.drafter import EagleDrafter
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.layers import dense_attend
 from eagle3.draft.load import load_draft
-from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend
+from eagle3.draft.shape import DraftConfig
 from eagle3.evaluate.offline import (
     OfflineEvalResult,
     evaluate_offline,
@@ -26,7 +29,7 @@ from eagle3.evaluate.offline import (
     load_target,
     summarize,
 )
-from eagle3.evaluate.speculative import EagleDrafter, Target, greedy_decode, speculative_decode
+from eagle3.evaluate.speculative import Target, greedy_decode, speculative_decode
 from eagle3.store.fsio import atomic_write_json, read_json
 from eagle3.store.run_store import RunInfo
 
@@ -214,7 +217,7 @@ def test_speculative_decoding_with_an_untrained_draft_equals_plain_greedy_and_wr
     assert result.greedy_tokens_per_s > 0 and result.speculative_tokens_per_s > 0
     written = OfflineEvalResult.model_validate(read_json(run_dir / "eval" / "offline.json"))
     assert written == result and written.label == "offline, transformers, this device"
-    assert load_draft(demo_model, ckpt.parent).cfg.draft_vocab_size == 512
+    assert load_draft(demo_model, ckpt.parent).model.cfg.draft_vocab_size == 512
 
 
 @pytest.mark.slow  # the demo model's tokenizer

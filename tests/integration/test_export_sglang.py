@@ -23,7 +23,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eagle3.config import EvaluateConfig
-from eagle3.draft.model import DraftConfig, Eagle3Draft, apply_rope, dense_attend, rope_cos_sin, rope_inv_freq
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.layers import apply_rope, dense_attend, rope_cos_sin, rope_inv_freq
+from eagle3.draft.shape import DraftConfig
 from eagle3.evaluate.live import LiveEvalError, measure
 from eagle3.release.export import ExportResult
 from eagle3.serving.server import SGLangServer

@@ -24,10 +24,12 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3.config import EvaluateConfig
-from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.draft.eagle3.drafter import EagleDrafter
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.shape import DraftConfig
 from eagle3.evaluate.live import eagle3_cli_args, serve_and_measure, speculative_args
 from eagle3.evaluate.offline import load_target
-from eagle3.evaluate.speculative import EagleDrafter, speculative_decode
+from eagle3.evaluate.speculative import speculative_decode
 from tests.integration.sglang_support import AUX, export_random_draft, require_sglang_env, sglang_config
 from tests.ports import free_port
 

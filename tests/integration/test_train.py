@@ -14,7 +14,8 @@ import torch
 
 from eagle3.config import TrainConfig
 from eagle3.draft.data import plan_epoch
-from eagle3.draft.loss import target_distribution, ttt_loss
+from eagle3.draft.distill import target_distribution
+from eagle3.draft.eagle3.loss import ttt_loss
 from eagle3.draft.synthetic import SyntheticSpec, write_run
 from eagle3.store.sample_format import encode_sample, read_sample, write_sample
 from eagle3.train.job import TrainJob, write_job
@@ -236,7 +237,7 @@ def test_a_draft_of_a_wrapped_mla_target_with_yarn_rope_trains_exports_and_loads
     assert (cfg["rope_scaling"], cfg["rope_theta"], cfg["vocab_size"]) == (None, 50000.0, SPEC.vocab_size)
     assert cfg["num_attention_heads"] * cfg["head_dim"] == SPEC.hidden_size  # MLA: heads fill H
 
-    draft = load_draft(model, out)
+    draft = load_draft(model, out).model
     with Trainer.build(j) as t:  # the last checkpoint, resumed
         trained = t.model.trainable_state_dict()
     for key, value in draft.trainable_state_dict().items():

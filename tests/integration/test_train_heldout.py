@@ -13,8 +13,8 @@ import torch
 
 from eagle3.draft.checkpoint import read_best, read_latest, read_state, resolve_checkpoint, step_dir
 from eagle3.draft.data import load_index, read_row
+from eagle3.draft.distill import target_distribution
 from eagle3.draft.heldout import split_heldout
-from eagle3.draft.loss import target_distribution
 from eagle3.draft.synthetic import write_run
 from eagle3.release.export import export_draft
 from eagle3.release.promote import export_dir_for

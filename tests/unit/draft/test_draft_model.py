@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from eagle3.draft.model import DraftConfig, Eagle3Draft, dense_attend, rope_inv_freq, ttt_attention
+from eagle3.draft.eagle3.model import Eagle3Draft, ttt_attention
+from eagle3.draft.layers import dense_attend, rope_inv_freq
+from eagle3.draft.shape import DraftConfig
 
 TARGET = {
     "hidden_size": 32,
@@ -220,7 +222,7 @@ def test_step_i_logits_at_t_depend_only_on_tokens_up_to_t_plus_1_plus_i_and_aux_
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention path runs on CUDA")
 def test_flex_attention_matches_the_dense_reference_forward_and_backward_on_cuda() -> None:
-    from eagle3.draft.model import FlexAttend
+    from eagle3.draft.layers import FlexAttend
 
     torch.manual_seed(0)
     n, nh, nkv, hd = 1024, 8, 2, 64
@@ -258,7 +260,7 @@ def test_the_block_mask_built_from_document_blocks_is_the_one_create_block_mask_
     token to many blocks long, rows that are a multiple of the block and rows that are not."""
     from torch.nn.attention import flex_attention as fa
 
-    from eagle3.draft.model import FlexAttend
+    from eagle3.draft.layers import FlexAttend
 
     g = torch.Generator().manual_seed(seed)
     n = (1000, 2048, 1280, 777, 4096, 130)[seed]

@@ -18,8 +18,8 @@ from eagle3.draft.checkpoint import (
     step_dir,
 )
 from eagle3.draft.data import DataError, Sample
+from eagle3.draft.distill import DraftLoss, chain_acceptance
 from eagle3.draft.heldout import heldout_rows, heldout_score, split_heldout
-from eagle3.draft.loss import TTTLoss, chain_acceptance
 from eagle3.store.fsio import atomic_write_json
 from eagle3.store.sample_ids import sample_keys, source_of
 
@@ -92,7 +92,7 @@ def test_chain_acceptance_equals_counting_each_positions_leading_correct_steps()
     s, n = 5, 300
     labelled = torch.rand(s, n, generator=g) < 0.8
     correct = (torch.rand(s, n, generator=g) < 0.7) & labelled
-    out = TTTLoss(torch.zeros(()), torch.zeros(s), correct.sum(1).float(), labelled.sum(1).float(), correct, labelled)
+    out = DraftLoss(torch.zeros(()), torch.zeros(s), correct.sum(1).float(), labelled.sum(1).float(), correct, labelled)
     for k in (1, 3, 5):
         total, count = 0, 0
         for t in range(n):

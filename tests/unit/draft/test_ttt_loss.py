@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3.draft.loss import TargetDist, draft_to_target_ids, soft_cross_entropy, target_distribution, ttt_loss
+from eagle3.draft.distill import TargetDist, draft_to_target_ids, soft_cross_entropy, target_distribution
+from eagle3.draft.eagle3.loss import ttt_loss
 
 
 def vocab_map(vocab: int, draft: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

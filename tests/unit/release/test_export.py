@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 import eagle3.release.export as export_mod
 from eagle3.draft.checkpoint import save_checkpoint
-from eagle3.draft.model import DraftConfig, Eagle3Draft
+from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.shape import DraftConfig
 from eagle3.draft.synthetic import SyntheticSpec, write_target_model
 from eagle3.release.export import ExportError, export_draft
 from eagle3.serving.layers import sglang_layer_ids

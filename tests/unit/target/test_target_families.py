@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import transformers
 
-from eagle3.draft.model import MLA_DRAFT_HEAD_DIM, DraftConfig
+from eagle3.draft.shape import MLA_DRAFT_HEAD_DIM, DraftConfig
 from eagle3.serving.layers import LayerMappingError, internal_indices, sglang_layer_ids, sglang_rule
 from eagle3.target.families import (
     FAMILIES,

@@ -1,20 +1,11 @@
-"""The training-time test's targets and loss.
+"""What every draft method distils from: the target's distribution over the draft vocabulary, a chunked soft
+cross-entropy against it, and the per-position result a method's loss returns (DraftLoss) with the teacher-forced
+acceptance length the held-out slice reports.
 
-Target distribution (once per batch, not per step): the stored final post-norm state x the target's frozen
-lm_head, restricted to the draft vocabulary and renormalized there (softmax over the draft ids' logits).
-It is computed in chunks of tokens, so at most [chunk, target vocab] logits exist at once; the full-vocab
-logits are needed only for the target's argmax (is it in the draft vocabulary? accuracy).
-
-Alignment (positions within one document of T tokens, x = input ids, loss_mask over tokens):
-    target[s]            distribution of x[s+1] given x[..s]       (from last_hidden_state[s])
-    step i, position t   predicts x[t+2+i], so its target is target[t+1+i]
-    trained when         x[t+2+i] exists, loss_mask[t+2+i] == 1, and the target's argmax at t+1+i is in the
-                         draft vocabulary (as SpecForge: a token the draft cannot emit teaches nothing)
-    loss of step i       soft cross-entropy summed over trained positions / their count
-    total                sum_i decay**i * loss_i
-    accuracy of step i   draft argmax (mapped through d2t) == target argmax, over positions with a label
-    chain acceptance     1 + the leading correct steps (at most k) at each position where step 0 has a label,
-                         the teacher-forced acceptance length of a k-step chain (held-out selection)
+Target distribution (once per batch): the stored final post-norm state x the target's frozen lm_head, restricted to
+the draft vocabulary and renormalized there (softmax over the draft ids' logits). It is computed in chunks of tokens,
+so at most [chunk, target vocab] logits exist at once; the full-vocab logits are needed only for the target's argmax
+(is it in the draft vocabulary? accuracy).
 """
 
 from __future__ import annotations
@@ -25,7 +16,6 @@ from dataclasses import dataclass
 from typing import cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -115,58 +105,20 @@ def soft_cross_entropy(
     """`fused`: the compiled chunk functions (same values to float rounding; tests/unit/draft/test_ttt_loss.py)."""
     return _SoftCrossEntropy.apply(logits, probs, src, weight, chunk, fused)  # type: ignore[no-any-return]
 
-
 @dataclass
-class TTTLoss:
-    total: Tensor  # scalar, differentiable: sum_i decay**i * loss_i
+class DraftLoss:
+    """A method's loss on one packed batch, per draft position s (EAGLE-3: TTT step s; a block drafter: the s-th
+    token of the block), so the trainer, its metrics and the held-out slice read every method the same way."""
+
+    total: Tensor  # scalar, differentiable: the method's weighted sum over positions
     step_loss: Tensor  # [S] detached
-    step_hits: Tensor  # [S] positions where the draft's argmax equals the target's
-    step_labels: Tensor  # [S] positions with a label (accuracy denominator)
-    correct: Tensor  # [S, N] bool: step i at position t has a label and the draft's argmax equals the target's
-    labelled: Tensor  # [S, N] bool: step i at position t has a label
-
-
-def ttt_loss(
-    logits: list[Tensor],
-    target: TargetDist,
-    loss_mask: Tensor,
-    remaining: Tensor,
-    d2t: Tensor,
-    decay: float,
-    chunk_tokens: int = 4096,
-    fused: bool = False,
-) -> TTTLoss:
-    """logits: steps x [N, Vd]; loss_mask [N]; remaining [N] = tokens after each one in its document.
-    `fused`: the soft cross-entropy's compiled chunk functions (train.compile)."""
-    n, steps = remaining.shape[0], len(logits)
-    idx = torch.arange(n, device=remaining.device)
-    mask_ahead = F.pad(loss_mask.bool(), (0, steps + 2))  # [N + steps + 2]
-    total = torch.zeros((), dtype=torch.float32, device=remaining.device)
-    losses, correct, labelled = [], [], []
-    for i, z in enumerate(logits):
-        src = (idx + 1 + i).clamp(max=n - 1)  # where target[t+1+i] sits
-        label = (remaining >= 2 + i) & mask_ahead[2 + i : 2 + i + n]  # x[t+2+i] exists and is trained on
-        w = (label & target.in_draft[src]).float()  # [N]
-        loss_i = soft_cross_entropy(z, target.probs, src, w, chunk_tokens, fused) / w.sum().clamp(min=1.0)
-        total = total + decay**i * loss_i
-        with torch.no_grad():
-            pred = z.argmax(-1)  # [N] draft ids
-            correct.append((pred + d2t[pred] == target.argmax[src]) & label)
-            labelled.append(label)
-            losses.append(loss_i.detach())
-    hit, lab = torch.stack(correct), torch.stack(labelled)  # [S, N]
-    return TTTLoss(
-        total=total,
-        step_loss=torch.stack(losses),
-        step_hits=hit.sum(1).float(),
-        step_labels=lab.sum(1).float(),
-        correct=hit,
-        labelled=lab,
-    )
-
+    step_hits: Tensor  # [S] tokens where the draft's argmax equals the target's
+    step_labels: Tensor  # [S] tokens with a label (accuracy denominator)
+    correct: Tensor  # [S, N] bool: position s drafted from token t has a label and the draft's argmax is the target's
+    labelled: Tensor  # [S, N] bool: position s drafted from token t has a label
 
 @torch.no_grad()
-def chain_acceptance(out: TTTLoss, k: int) -> tuple[Tensor, Tensor]:
+def chain_acceptance(out: DraftLoss, k: int) -> tuple[Tensor, Tensor]:
     """Teacher-forced acceptance of a k-step draft chain: over the positions where step 0 has a label, the sum of
     1 + the number of consecutive correct steps from step 0 (at most k), and the count of those positions. A
     step without a label (the document or its loss mask ends) ends the chain. Returns (sum, count), fp64 scalars."""
