@@ -13,6 +13,7 @@
     <run_dir>/train/job-nodeN.json, train-nodeN.log, rendezvous/<token>.json  nodes 1.. of a multi-node training
     <run_dir>/draft/latest, current, exports/<step>-<sha>/export.json, promotion.json   eagle3/release/promote.py
     <run_dir>/eval/offline.json, live.json, server-<label>/
+    <run_dir>/draft/<method>/{train,exports,latest,eval}  a draft method other than EAGLE-3 (MethodPaths)
     <run_dir>/trains/NNNN/{train,eval}                 earlier trainings (eagle3/release/retrain.py)
     <run_dir>/server/, doctor/                          SGLang server logs
 
@@ -250,6 +251,10 @@ class RunPaths:
     def latest_export_json(self) -> Path:
         return self.draft_latest / EXPORT_FILE
 
+    def method(self, name: str) -> MethodPaths:
+        """Where one draft method's training, exports and evaluation live (train.method)."""
+        return MethodPaths(self, name)
+
     # evaluation --------------------------------------------------------------------------
     @property
     def eval_dir(self) -> Path:
@@ -281,3 +286,42 @@ def dump_root(run_dir: str | Path, dump_dir: str | None) -> Path:
     filesystem, so moving a dump in is a rename). Several servers of one run each get a directory below it
     (eagle3/serving/specs.py)."""
     return Path(dump_dir) if dump_dir else RunPaths(run_dir).default_dump_dir
+
+
+#: The method whose files keep the places they had before there were several (a store trained before keeps working).
+FIRST_METHOD = "eagle3"
+
+
+class MethodPaths:
+    """One draft method's directories in a run: EAGLE-3's are the run's own (train/, draft/exports/, draft/latest,
+    eval/), any other method's are under draft/<method>/ (train/, exports/, latest, eval/). draft/current and
+    draft/promotion.json stay the run's: one promoted draft, whichever method won."""
+
+    def __init__(self, run: RunPaths, name: str):
+        self.run, self.name = run, name
+        self.root = run.root if name == FIRST_METHOD else run.draft_dir / safe_name(name)
+
+    @property
+    def train(self) -> TrainPaths:
+        return self.run.train if self.name == FIRST_METHOD else TrainPaths(self.root / "train")
+
+    @property
+    def exports_dir(self) -> Path:
+        return self.run.draft_exports_dir if self.name == FIRST_METHOD else self.root / "exports"
+
+    @property
+    def latest(self) -> Path:
+        """The method's newest export (a symlink into its exports/)."""
+        return self.run.draft_latest if self.name == FIRST_METHOD else self.root / "latest"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.run.eval_dir if self.name == FIRST_METHOD else self.root / "eval"
+
+    @property
+    def offline_eval_json(self) -> Path:
+        return self.eval_dir / "offline.json"
+
+    @property
+    def live_eval_json(self) -> Path:
+        return self.eval_dir / "live.json"
