@@ -11,10 +11,11 @@ from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from eagle3.config_merge import ConfigSources
-from tasks.evaluate import evaluate_task, evaluation_outcome
+from tasks.evaluate import EvalSummary, evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
+from tasks.methods import compare_methods_task, with_method
 from tasks.preflight import serving_preflight_task
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
@@ -26,27 +27,47 @@ DRAFT_STAGES = ("train", "export", "evaluate")
 
 
 def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources) -> State | None:
-    """The train, export and evaluate stages listed in `config.stages`, then promotion of the evaluated draft to
-    `draft/current` when it is not worse, and the run summary (saying where the settings came from: `sources`);
-    Failed when the draft slows serving or a training node failed. With train.nodes > 1 training is one
-    `train-node` flow run per node (train.work_queues), watched here."""
+    """For each method of train.trained_methods() (one, or train.methods), the train, export and evaluate stages
+    listed in `config.stages`, each into the method's own directory; with several, the methods compared side by
+    side; then promotion of the chosen draft to `draft/current` when it is not worse, and the run summary (saying
+    where the settings came from: `sources`). Failed when the promoted candidate slows serving or a training node
+    failed. With train.nodes > 1 training is one `train-node` flow run per node (train.work_queues), watched here."""
+    methods = config.train.trained_methods()
+    evaluations: dict[str, EvalSummary] = {}
+    for method in methods:
+        one = with_method(config, method)
+        evaluation = method_stages(one, model_dir, f"{{name}} [{method}]" if len(methods) > 1 else None)
+        if isinstance(evaluation, State):
+            return evaluation
+        if evaluation is not None:
+            evaluations[method] = evaluation
+    if not evaluations:
+        run_summary_task(config, sources)
+        return None
+    method, why = compare_methods_task(config, evaluations) if len(evaluations) > 1 else (methods[0], "")
+    chosen = with_method(config, method)
+    promote_task(chosen, model_dir, evaluations[method], why)
+    run_summary_task(config, sources)
+    return evaluation_outcome(chosen, evaluations[method])
+
+
+def method_stages(config: PipelineConfig, model_dir: str, run_name: str | None) -> EvalSummary | State | None:
+    """train -> export -> evaluate of train.method (those of them in config.stages); None when nothing was evaluated
+    (the stage is not listed, or the store grew by fewer than train.min_new_tokens since the last training)."""
     trained = None
     if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
         on_nodes = train_on_nodes(config, TRAIN_NODE_DEPLOYMENT)
         if isinstance(on_nodes, State):
             return on_nodes
     elif "train" in config.stages:
-        trained = train_task(config, model_dir)
-    if trained is not None and trained.waiting:  # the store grew by fewer than train.min_new_tokens
-        run_summary_task(config, sources)
+        trained = train_task.with_options(task_run_name=run_name)(config, model_dir)
+    if trained is not None and trained.waiting:
         return None
     if "export" in config.stages:
-        export_task(config, model_dir)
-    evaluation = evaluate_task(config, model_dir) if "evaluate" in config.stages else None
-    if evaluation is not None:
-        promote_task(config, model_dir, evaluation)
-    run_summary_task(config, sources)
-    return evaluation_outcome(config, evaluation)
+        export_task.with_options(task_run_name=run_name)(config, model_dir)
+    if "evaluate" not in config.stages:
+        return None
+    return evaluate_task.with_options(task_run_name=run_name)(config, model_dir)
 
 
 @flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True)

@@ -15,6 +15,8 @@ from prefect.artifacts import (
     create_table_artifact,
 )
 
+from eagle3.store.paths import FIRST_METHOD
+
 _KEY_JUNK = re.compile(r"[^a-z0-9]+")
 
 
@@ -35,6 +37,12 @@ def run_prefix(run_dir: str | Path) -> str:
 def run_key(run_dir: str | Path, what: str) -> str:
     """Stable key for one artifact of one run directory, e.g. `demo-extract-progress`."""
     return artifact_key(run_prefix(run_dir), what)
+
+
+def method_key(run_dir: str | Path, method: str, what: str) -> str:
+    """run_key of one draft method's artifact: EAGLE-3's keep the names they had (`demo-train-progress`), another
+    method's carry its name (`demo-eagle3-1-train-progress`), so several methods of one run keep their own history."""
+    return run_key(run_dir, what if method == FIRST_METHOD else f"{method}-{what}")
 
 
 def table_artifact(key: str, rows: list[dict[str, Any]], description: str) -> UUID:

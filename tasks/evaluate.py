@@ -16,6 +16,7 @@ from eagle3.data.chat import ChatTokenizer
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.evaluate.live import LiveEvalResult, evaluate_live, read_live_result
 from eagle3.evaluate.offline import (
+    MODELLED_FORMULA,
     EvalPrompts,
     OfflineEvalResult,
     PositionStats,
@@ -27,7 +28,7 @@ from eagle3.evaluate.offline import (
 from eagle3.release.export import default_export_dir
 from eagle3.store.paths import RunPaths
 from eagle3.store.run_store import RunStore
-from tasks.artifacts import markdown_artifact, run_key
+from tasks.artifacts import markdown_artifact, method_key
 from tasks.progress import TaskProgress
 from tasks.server import reap_orphan_servers, server_env
 
@@ -48,15 +49,24 @@ def rates_text(positions: list[PositionStats]) -> str:
     return ", ".join(f"{p.rate:.2f}" if p.rate is not None else "-" for p in positions)
 
 
+def modelled_text(r: OfflineEvalResult) -> str:
+    m = r.modelled
+    if m is None:
+        return "-"
+    return (f"{m.speedup:.2f}x (t_step {1e3 * m.target_step_s:.1f} ms, t_verify {1e3 * m.verify_s:.1f} ms, "
+            f"t_draft {1e3 * m.draft_s:.1f} ms)")  # fmt: skip
+
+
 def sets_table(off: OfflineEvalResult) -> list[str]:
     """Every evaluation set at every chain length, side by side, then per category where a set has them."""
     lines = [
-        "| set | kind | prompts | k | acceptance length | per position | identical to greedy |",
-        "|---|---|---:|---:|---:|---|---:|",
+        "| set | kind | prompts | k | acceptance length | per position | modelled speed-up | identical to greedy |",
+        "|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for r in off.runs or [off]:
         lines.append(f"| {r.set_name} | {r.set_kind} | {r.num_prompts} | {r.steps} | {r.acceptance_length:.3f} | "
-                     f"{rates_text(r.positions)} | {r.identical_to_greedy}/{r.num_prompts} |")  # fmt: skip
+                     f"{rates_text(r.positions)} | {modelled_text(r)} | "
+                     f"{r.identical_to_greedy}/{r.num_prompts} |")  # fmt: skip
     with_categories = [r for r in off.runs if r.categories]
     if with_categories:
         lines += ["", "| set | k | category | prompts | acceptance length | per position |"]
@@ -70,11 +80,13 @@ def sets_table(off: OfflineEvalResult) -> list[str]:
 def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
     off, live = s.offline, s.live
     measured = live.eagle3 if live.status == "ok" and live.plain is not None else None
+    method = config.train.method
     lines = [
-        "## Evaluation of the draft",
+        f"## Evaluation of the {method} draft",
         "",
-        f"`{default_export_dir(Path(config.run_dir)).resolve()}`: {off.max_new_tokens} new tokens, greedy; offline "
-        f"acceptance length = tokens per verify round (accepted drafts + 1), per set and chain length k.",
+        f"`{default_export_dir(Path(config.run_dir), method).resolve()}`: {off.max_new_tokens} new tokens, greedy; "
+        "offline acceptance length = tokens per verify round (accepted drafts + 1), per set and chain length k; "
+        f"modelled speed-up: {MODELLED_FORMULA} (ModelledSpeedup, from forward times measured here).",
         "",
         *sets_table(off),
         "",
@@ -107,8 +119,8 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
 def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> OfflineEvalResult | None:
     """eval/offline.json when it measured this checkpoint with these settings, sets (names, sizes) and chain lengths
     included, target dtype too (a re-run does no work)."""
-    store, ev = RunStore(config.run_dir), config.evaluate
-    old = read_offline_result(store.root)  # None for an older format too: measured again
+    store, ev, method = RunStore(config.run_dir), config.evaluate, config.train.method
+    old = read_offline_result(store.root, method)  # None for an older format too: measured again
     if old is None:
         return None
     info = store.require_run_info("evaluate needs the store the draft was trained from")
@@ -116,17 +128,17 @@ def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> Offline
     ks = ev.chain_lengths()
     want = [(s.name, len(s.ids), k) for s in sets for k in ks]
     have = [(r.set_name, r.num_prompts, r.steps) for r in old.runs]
-    now = (str(resolve_checkpoint(store.train.root)), ev.max_new_tokens, dtype, want)
+    now = (str(resolve_checkpoint(store.method(method).train.root)), ev.max_new_tokens, dtype, want)
     return old if (old.checkpoint, old.max_new_tokens, old.dtype, have) == now else None
 
 
 def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | None:
     """eval/live.json when it measured the current export with these settings."""
-    store, ev = RunStore(config.run_dir), config.evaluate
-    path, export = store.live_eval_json, store.latest_export_json
+    store, ev, method = RunStore(config.run_dir), config.evaluate, config.train.method
+    path, export = store.method(method).live_eval_json, store.method(method).latest_export_json
     if not path.is_file() or not export.is_file() or path.stat().st_mtime < export.stat().st_mtime:
         return None
-    old = read_live_result(store.root)
+    old = read_live_result(store.root, method)
     if old is None:
         return None
     same = (old.status, old.num_prompts, old.max_new_tokens) == ("ok", num_prompts, ev.max_new_tokens)
@@ -137,15 +149,18 @@ def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | 
 def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     """Held-out prompts -> offline acceptance (eval/offline.json) and live speed (eval/live.json)."""
     logger = get_run_logger()
-    run_dir, model = Path(config.run_dir), Path(model_dir)
-    paths, ev = RunPaths(run_dir), config.evaluate
+    run_dir, model, method = Path(config.run_dir), Path(model_dir), config.train.method
+    paths, ev = RunPaths(run_dir).method(method), config.evaluate
     sets = load_eval_sets(ev, ChatTokenizer.from_model_dir(model, config.data))
     prompts = sets[0].ids  # the live evaluation's prompts: the first set's
-    report = TaskProgress(logger, "evaluate", key=run_key(config.run_dir, "evaluate-progress"), unit="prompts")
+    key = method_key(config.run_dir, method, "evaluate-progress")
+    report = TaskProgress(logger, "evaluate", key=key, unit="prompts")
     offline = previous_offline(config, sets)
     if offline is None:
         with report:
-            offline = evaluate_offline(ev, run_dir, model, paths.train.root, sets=sets, progress=report)
+            offline = evaluate_offline(
+                ev, run_dir, model, paths.train.root, sets=sets, progress=report, out=paths.offline_eval_json
+            )
     else:
         logger.info("evaluate: %s already measures this checkpoint; not evaluated again", paths.offline_eval_json)
     for r in offline.runs:
@@ -155,18 +170,18 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     if live is None:
         reap_orphan_servers(config.run_dir)  # the servers of a killed earlier evaluation, before ours launch
         live_report = TaskProgress(
-            logger, "evaluate-live", key=run_key(config.run_dir, "evaluate-live-progress"), unit="requests"
+            logger, "evaluate-live", key=method_key(config.run_dir, method, "evaluate-live-progress"), unit="requests"
         )
         with live_report:  # launching two SGLang servers is minutes of silence otherwise
             live = evaluate_live(
-                prompts, draft_dir=default_export_dir(run_dir), model_dir=model, run_dir=run_dir,
-                server=config.server, evaluate=ev, base_env=server_env(), progress=live_report,
+                prompts, draft_dir=default_export_dir(run_dir, method), model_dir=model, run_dir=run_dir,
+                server=config.server, evaluate=ev, base_env=server_env(), progress=live_report, method=method,
             )  # fmt: skip
     goes_on = f" {NOT_FAILING}" if live.flag and not ev.fail_on_slowdown else ""
     (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on)
     summary = EvalSummary(offline=offline, live=live)
     markdown_artifact(
-        run_key(config.run_dir, "evaluation"),
+        method_key(config.run_dir, method, "evaluation"),
         evaluation_markdown(config, summary),
         ", ".join(f"{r.set_name} k={r.steps} {r.acceptance_length:.2f}" for r in offline.runs or [offline])
         + " offline acceptance"

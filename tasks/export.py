@@ -15,7 +15,7 @@ from eagle3.progress import Progress
 from eagle3.release.export import ExportResult, export_draft, sglang_args
 from eagle3.release.promote import current_link, export_dir_for, latest_link, point
 from eagle3.store.paths import RunPaths
-from tasks.artifacts import markdown_artifact, run_key
+from tasks.artifacts import markdown_artifact, method_key
 from tasks.progress import TaskProgress
 
 EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for an 8B target's draft)
@@ -31,28 +31,30 @@ def serve_command(model_dir: str, run_dir: str, steps: int) -> str:
 def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     """`<run_dir>/draft/exports/<checkpoint>-<sha>/` from the trained draft of `<run_dir>/train/` (its best
     checkpoint with train.select: best, else its latest), and `draft/latest` pointed at it; the same checkpoint
-    again: no work."""
+    again: no work. A method other than EAGLE-3 (train.method) has these under `draft/<method>/`."""
     logger = get_run_logger()
-    run_dir, train_dir = Path(config.run_dir), RunPaths(config.run_dir).train.root
-    out = export_dir_for(run_dir, train_dir)
+    method = config.train.method
+    run_dir, train_dir = Path(config.run_dir), RunPaths(config.run_dir).method(method).train.root
+    out, latest = export_dir_for(run_dir, train_dir, method), latest_link(run_dir, method)
     start = time.monotonic()
-    with TaskProgress(logger, "export", key=run_key(config.run_dir, "export-progress"), unit="drafts") as report:
+    key = method_key(config.run_dir, method, "export-progress")
+    with TaskProgress(logger, "export", key=key, unit="drafts") as report:
         result = export_draft(train_dir, run_dir, Path(model_dir), out, speculative_tokens=config.evaluate.draft_steps)
         report(Progress("export", 1, 1, 0, time.monotonic() - start))
-    point(latest_link(run_dir), out)
+    point(latest, out)
     logger.info("export: %s %s (step %s)", "unchanged" if result.skipped else "wrote", out, result.checkpoint_step)
     for note in result.notes:
         logger.warning("export: %s", note)
     markdown_artifact(
-        run_key(config.run_dir, "export"),
+        method_key(config.run_dir, method, "export"),
         "\n".join(
             [
-                f"# Draft `{Path(result.out_dir).resolve()}`",
+                f"# {method} draft `{Path(result.out_dir).resolve()}`",
                 "",
                 f"- from checkpoint `{result.checkpoint}` (step {result.checkpoint_step})",
                 f"- {result.num_parameters:,} trainable parameters, draft vocabulary {result.draft_vocab_size} of "
                 f"{result.target_vocab_size}, aux layers {result.aux_layers} (SGLang ids {result.sglang_layer_ids})",
-                f"- `{latest_link(run_dir)}` points at it; `{current_link(run_dir)}` moves to it only when its "
+                f"- `{latest}` points at it; `{current_link(run_dir)}` moves to it only when its "
                 "evaluation is not worse than the current draft's (the promotion artifact says which)",
                 "",
                 "Serve the promoted draft:",
@@ -61,6 +63,6 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
                 *(f"\n> {n}" for n in result.notes),
             ]
         ),
-        f"EAGLE-3 draft exported from step {result.checkpoint_step}",
+        f"{method} draft exported from step {result.checkpoint_step}",
     )
     return result

@@ -31,8 +31,10 @@ def eval_record(config: PipelineConfig, s: EvalSummary) -> EvalRecord:
                        max_new_tokens=r.max_new_tokens, draft_steps=r.steps, offline_dtype=r.dtype)  # fmt: skip
 
     return EvalRecord(
+        method=config.train.method,
         eval_set=eval_set(off),
         acceptance_length=off.acceptance_length,
+        modelled_speed_up=off.modelled.speedup if off.modelled is not None else None,
         sets=[
             SetRecord(name=r.set_name, eval_set=eval_set(r), acceptance_length=r.acceptance_length) for r in off.runs
         ],
@@ -48,15 +50,17 @@ def promotion_markdown(config: PipelineConfig, model_dir: str, d: Decision) -> s
     lines = [
         f"# {head}",
         "",
+        *([f"**candidate:** {d.chosen}", ""] if d.chosen else []),
         f"**{'promoted' if d.promoted else 'kept'}:** {d.reason}",
         "",
-        "| | offline acceptance length | live speed-up |",
-        "|---|---:|---:|",
-        f"| new `{Path(d.candidate).name}` | {new.acceptance_length:.3f} | {fmt_speed(new.live_speed_up)} |",
+        "| | method | offline acceptance length | modelled speed-up | live speed-up |",
+        "|---|---|---:|---:|---:|",
+        f"| new `{Path(d.candidate).name}` | {new.method} | {new.acceptance_length:.3f} | "
+        f"{fmt_speed(new.modelled_speed_up)} | {fmt_speed(new.live_speed_up)} |",
     ]
     if old is not None and d.previous is not None:
-        lines.append(f"| current before `{Path(d.previous).name}` | {old.acceptance_length:.3f} | "
-                     f"{fmt_speed(old.live_speed_up)} |")  # fmt: skip
+        lines.append(f"| current before `{Path(d.previous).name}` | {old.method} | {old.acceptance_length:.3f} | "
+                     f"{fmt_speed(old.modelled_speed_up)} | {fmt_speed(old.live_speed_up)} |")  # fmt: skip
     lines += [
         "",
         f"`draft/current` -> `{d.current}`" if d.current else "There is no promoted draft yet.",
@@ -73,13 +77,15 @@ def fmt_speed(x: float | None) -> str:
 
 
 @task(name="promote", retries=0, timeout_seconds=PROMOTE_TIMEOUT_S, cache_policy=NO_CACHE)
-def promote_task(config: PipelineConfig, model_dir: str, evaluation: EvalSummary) -> Decision:
-    """Record the evaluation beside the export `draft/latest` points at, and move `draft/current` to it when
-    evaluate.promote allows; emits `eagle3.draft.promoted` or `eagle3.draft.kept` with the reason."""
+def promote_task(config: PipelineConfig, model_dir: str, evaluation: EvalSummary, chosen: str = "") -> Decision:
+    """Record the evaluation beside the export train.method's `latest` points at, and move `draft/current` to it
+    when evaluate.promote allows; emits `eagle3.draft.promoted` or `eagle3.draft.kept` with the reason (and
+    `chosen`: why this method's draft is the candidate, when several were trained)."""
     run_dir = Path(config.run_dir)
-    candidate = pointed(latest_link(run_dir))
+    latest = latest_link(run_dir, config.train.method)
+    candidate = pointed(latest)
     if candidate is None:
-        raise FileNotFoundError(f"{latest_link(run_dir)}: no export to promote; run the export stage first")
+        raise FileNotFoundError(f"{latest}: no export to promote; run the export stage first")
     ev = config.evaluate
     decision = promote(
         run_dir,
@@ -88,6 +94,7 @@ def promote_task(config: PipelineConfig, model_dir: str, evaluation: EvalSummary
         policy=ev.promote,
         tolerance=ev.promote_tolerance,
         block_flagged=ev.fail_on_slowdown,
+        chosen=chosen,
     )
     get_run_logger().info("promote: %s (%s)", "promoted" if decision.promoted else "kept", decision.reason)
     event = "eagle3.draft.promoted" if decision.promoted else "eagle3.draft.kept"

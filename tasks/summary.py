@@ -16,6 +16,7 @@ from eagle3.evaluate.offline import read_offline_result
 from eagle3.release.export import read_export
 from eagle3.release.promote import read_promotion
 from eagle3.store.failed_shards import shard_summaries
+from eagle3.store.paths import FIRST_METHOD
 from eagle3.store.run_store import RunStore
 from tasks.artifacts import STAGE_ARTIFACTS, markdown_artifact, run_key, ui_link
 
@@ -60,37 +61,38 @@ def summary_rows(config: PipelineConfig, store: RunStore) -> list[tuple[str, str
                 f"index `{c.index_path}`",
             )
         )
-    return rows + draft_rows(RunStore(root))
+    return rows + draft_rows(RunStore(root), config.train.trained_methods())
 
 
-def draft_rows(store: RunStore) -> list[tuple[str, str]]:
-    """Training, export, promotion and evaluation rows, from train/, draft/ and eval/*.json."""
+def draft_rows(store: RunStore, methods: list[str] | None = None) -> list[tuple[str, str]]:
+    """Training, export, promotion and evaluation rows of each draft method (train/, draft/, eval/*.json or the
+    method's own under draft/<method>/), the promotion once."""
     rows = []
-    latest = read_latest(store.train.checkpoints_dir)
-    if latest is not None:
-        rows.append(("training", f"checkpoint `{latest[1]}` (step {latest[0]})"))
-    e = read_export(store.draft_latest)
-    if e is not None:
-        rows.append(("draft", f"`{e.out_dir}` from step {e.checkpoint_step}"))
+    methods = methods or [FIRST_METHOD]
+    for method in methods:
+        paths, tag = store.method(method), f" ({method})" if len(methods) > 1 or method != FIRST_METHOD else ""
+        latest = read_latest(paths.train.checkpoints_dir)
+        if latest is not None:
+            rows.append((f"training{tag}", f"checkpoint `{latest[1]}` (step {latest[0]})"))
+        e = read_export(paths.latest)
+        if e is not None:
+            rows.append((f"draft{tag}", f"`{e.out_dir}` from step {e.checkpoint_step}"))
+        o = read_offline_result(store.root, method)
+        if o is not None:
+            per_set = "; ".join(
+                f"{r.set_name} ({r.set_kind}, {r.num_prompts} prompts) k={r.steps}: {r.acceptance_length:.3f}"
+                for r in o.runs or [o]
+            )
+            modelled = f", modelled speed-up {o.modelled.speedup:.2f}x" if o.modelled is not None else ""
+            text = f"tokens per verify round: {per_set}; {o.label} speed-up {o.speedup:.2f}x{modelled}"
+            rows.append((f"acceptance (offline){tag}", text))
+        lv = read_live_result(store.root, method)
+        if lv is not None:
+            rows.append((f"speed (live SGLang){tag}", f"**{lv.summary}**" if lv.flag else lv.summary))
     d = read_promotion(store.root)
     if d is not None:
-        rows.append(("promotion", f"**{'promoted' if d.promoted else 'kept'}**: {d.reason}; serve "
+        rows.append(("promotion", f"**{'promoted' if d.promoted else 'kept'}** ({d.method}): {d.reason}; serve "
                                   f"`{store.draft_current}` (-> `{d.current}`)"))  # fmt: skip
-    o = read_offline_result(store.root)
-    if o is not None:
-        per_set = "; ".join(
-            f"{r.set_name} ({r.set_kind}, {r.num_prompts} prompts) k={r.steps}: {r.acceptance_length:.3f}"
-            for r in o.runs or [o]
-        )
-        rows.append(
-            (
-                "acceptance (offline)",
-                f"tokens per verify round: {per_set}; {o.label} speed-up {o.speedup:.2f}x",
-            )
-        )
-    lv = read_live_result(store.root)
-    if lv is not None:
-        rows.append(("speed (live SGLang)", f"**{lv.summary}**" if lv.flag else lv.summary))
     return rows
 
 

@@ -39,7 +39,7 @@ from eagle3.train.launch import (
 )
 from eagle3.train.plot import ttt_table, write_curves
 from eagle3.train.rendezvous import node_launch
-from tasks.artifacts import markdown_artifact, run_key, table_artifact
+from tasks.artifacts import markdown_artifact, method_key, table_artifact
 from tasks.progress import TaskProgress
 
 GPU_LIMIT = "gpu"  # the global concurrency limit deploy/deployments.py sizes to the node
@@ -62,7 +62,8 @@ class TrainSummary(BaseModel):
 
 
 def train_dir(config: PipelineConfig) -> Path:
-    return RunPaths(config.run_dir).train.root
+    """train.method's training directory (eagle3/store/paths.py MethodPaths)."""
+    return RunPaths(config.run_dir).method(config.train.method).train.root
 
 
 def check_inputs(config: PipelineConfig) -> None:
@@ -84,7 +85,8 @@ class TrainReporter:
         # the worker's own lines carry the steps into the log; from metrics.jsonl only the artifact, the heartbeat
         # of a silent worker and the final line
         self.progress = TaskProgress(
-            logger, "train", key=run_key(config.run_dir, "train-progress"), unit="steps", log_every_s=math.inf
+            logger, "train", key=method_key(config.run_dir, config.train.method, "train-progress"), unit="steps",
+            log_every_s=math.inf,
         )
         self.tail = MetricsTail(self.paths.metrics)
         self.t0 = time.monotonic()
@@ -116,14 +118,14 @@ class TrainReporter:
         last = records[-1]
         try:
             table_artifact(
-                run_key(self.config.run_dir, "train-metrics"),
+                method_key(self.config.run_dir, self.config.train.method, "train-metrics"),
                 ttt_table(last),
                 f"Step {last['step']}/{last['total_steps']}: loss {last['loss']:.4f}, "
                 f"{last['tokens_per_s']:.0f} tok/s, data wait {100 * last['data_wait_frac']:.1f}% of step time",
             )
             png = write_curves(records, self.paths.curves)
             markdown_artifact(
-                run_key(self.config.run_dir, "train-curves"),
+                method_key(self.config.run_dir, self.config.train.method, "train-curves"),
                 f"![training curves](data:image/png;base64,{base64.b64encode(png).decode()})\n\n"
                 f"`{self.paths.curves.resolve()}`; TensorBoard: `tensorboard --logdir {self.paths.tensorboard_dir}`",
                 f"Training curves to step {last['step']}",
@@ -179,9 +181,8 @@ def train_task(
         waiting = plan.action == "wait"
         return summary(out, done, launched=False, last=reporter.last, waiting=waiting, reason=plan.reason)
     if plan.archive and node == 0:  # one node moves the finished training of the smaller store away
-        logger.info(
-            "train: the finished training of the smaller store moved to %s", archive_training(Path(config.run_dir))
-        )
+        archived = archive_training(Path(config.run_dir), config.train.method)
+        logger.info("train: the finished training of the smaller store moved to %s", archived)
     reporter = TrainReporter(config, out, logger)
     job = new_job(config, model_dir, plan, out)
     paths = TrainPaths(out)

@@ -14,6 +14,8 @@ from pathlib import Path
 from eagle3.config import PipelineConfig
 from eagle3.data.prepare import dataset_fingerprint, mixing_differences
 from eagle3.data.synthesis_key import SYNTH, check_synthesis
+from eagle3.draft.method import MethodError
+from eagle3.draft.methods import method_named
 from eagle3.extract.shard import store_dtype_of
 from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.serving.layers import eagle3_serving_problem
@@ -41,6 +43,27 @@ def check_serving(cfg: PipelineConfig, model_dir: Path) -> None:
         raise ServingRefusedError(problem)
 
 
+def check_methods(cfg: PipelineConfig, model_dir: Path) -> None:
+    """PreflightError when a method of train.trained_methods() cannot train on the layers the store will hold (the
+    store's run.json, or extract.aux_layers when this run extracts) or refuses the train settings: before any model
+    loads, naming the method, the layers and the extraction that adds them."""
+    if "train" not in cfg.stages:
+        return
+    info = RunStore(cfg.run_dir).read_run_info()
+    num_layers = read_model_facts(model_dir).num_layers
+    if info is not None and "extract" not in cfg.stages:
+        store_layers, where = list(info.aux_layers), f"the store {cfg.run_dir} holds"
+    else:
+        store_layers, where = resolve_aux_layers(cfg.extract.aux_layers, num_layers), "extract.aux_layers captures"
+    for name in cfg.train.trained_methods():
+        try:
+            method = method_named(name)
+            method.check(cfg.train)
+            method.layers(store_layers, num_layers, cfg.train.aux_layers)
+        except MethodError as e:
+            raise PreflightError(f"train.method {name}: {e} ({where} {store_layers}; model {model_dir})") from None
+
+
 def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
     """Raise PreflightError (or the stage's own refusal: eagle3.data.synthesis_key.SynthesisMixError) naming every
     key in which this run differs from what the store's extracted samples were made with. A store with no
@@ -51,6 +74,7 @@ def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
             resolve_aux_layers(cfg.extract.aux_layers, read_model_facts(model_dir).num_layers)
         except ValueError as e:
             raise PreflightError(f"{e}; model {model_dir}. Fix extract.aux_layers (or leave it unset).") from None
+    check_methods(cfg, model_dir)
     store = RunStore(cfg.run_dir)
     info = store.read_run_info()
     if info is None:

@@ -85,13 +85,19 @@ class ServerConfig(StrictModel):
         return self
 
 
+#: How many aux layers a store may hold: EAGLE-3 reads three, the block drafters SGLang serves five to eight.
+MIN_AUX_LAYERS, MAX_AUX_LAYERS = 3, 8
+
+
 class ExtractConfig(StrictModel):
     """Which hidden states to capture and how requests flow."""
 
     aux_layers: list[int] | None = Field(
         None,
-        description="HF hidden_states indices (0 = embeddings, i = input of decoder layer i). "
-        "None: EAGLE-3's default [2, N//2, N-3].",
+        description="HF hidden_states indices (0 = embeddings, i = input of decoder layer i), 3 to 8 of them, "
+        "increasing: the layers the store holds. None: EAGLE-3's default [2, N//2, N-3]. A draft reads those of "
+        "them its method needs (train.aux_layers; a block drafter reads 5 or more), so capture the union of the "
+        "methods you will train (docs/methods.md). Bytes per token grow with the count (docs/formats.md).",
     )
     shards: list[int] | None = Field(None, description="Extract only these shard indices (None: all).")
     store_dtype: Literal["bfloat16", "float8_e4m3"] = Field(
@@ -136,6 +142,22 @@ class ExtractConfig(StrictModel):
         "holder's last heartbeat (every lease_ttl_s/20, at most 30 s); on one host a dead holder's lease is "
         "taken over at once.",
     )
+
+    @model_validator(mode="after")
+    def _aux_layers_shape(self) -> ExtractConfig:
+        layers = self.aux_layers
+        if layers is None:
+            return self
+        if not MIN_AUX_LAYERS <= len(layers) <= MAX_AUX_LAYERS:
+            raise ValueError(
+                f"extract.aux_layers {layers}: {len(layers)} layers; a store holds {MIN_AUX_LAYERS} to "
+                f"{MAX_AUX_LAYERS} (EAGLE-3 reads 3, a block drafter 5 to 8). Give that many HF hidden_states indices"
+            )
+        if len(set(layers)) != len(layers) or sorted(layers) != layers:
+            raise ValueError(
+                f"extract.aux_layers {layers}: give each layer once, in increasing order (e.g. {sorted(set(layers))})"
+            )
+        return self
 
 
 class DiskConfig(StrictModel):

@@ -20,6 +20,13 @@ class TrainConfig(StrictModel):
         description="The draft method (docs/methods.md). `eagle3`: EAGLE-3. `eagle3.1`: EAGLE-3 with a norm per aux "
         "state before fc and the post-norm state fed to the next step. Each method trains into its own directory.",
     )
+    methods: list[DraftMethodName] = Field(
+        default_factory=list,
+        description="Several draft methods trained from the same store, one after another, each into its own "
+        "directory, exported and evaluated on the same sets; the `methods` artifact puts them side by side and "
+        "draft/current moves to the winner's draft (by modelled speed-up) when it passes evaluate.promote's gate. "
+        "Empty: `method` alone.",
+    )
     aux_layers: list[int] | None = Field(
         None,
         description="Which of the store's aux layers (HF hidden_states indices, run.json) the draft reads. None: the "
@@ -151,6 +158,16 @@ class TrainConfig(StrictModel):
         "`best`: the one with the highest held-out acceptance length (checkpoints/best.json, never pruned); needs "
         "heldout_fraction > 0.",
     )
+
+    def trained_methods(self) -> list[str]:
+        """The methods a run trains: `methods`, else `method` alone."""
+        return list(self.methods) or [self.method]
+
+    @model_validator(mode="after")
+    def _methods_once(self) -> TrainConfig:
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"train.methods {self.methods} names a method twice; give each method once")
+        return self
 
     @model_validator(mode="after")
     def _node_rank_in_range(self) -> TrainConfig:

@@ -36,7 +36,7 @@ from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.server import ServerError, SGLangServer, server_device
 from eagle3.store import dump_protocol as proto
 from eagle3.store.fsio import atomic_write_json
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import FIRST_METHOD, RunPaths
 from eagle3.store.run_store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
@@ -291,9 +291,11 @@ def evaluate_live(
     base_env: Mapping[str, str],
     port: int | None = None,
     progress: ProgressFn = no_progress,
+    method: str = FIRST_METHOD,
 ) -> LiveEvalResult:
     """Serve the draft with EAGLE3 and the plain target in turn on the same prompts (token ids, chat template
-    applied); write and return the result. Server logs: <run_dir>/eval/server-{eagle3,plain}/sglang.log."""
+    applied); write and return the result (the method's eval/live.json: `method` is the draft's train.method).
+    Server logs: <run_dir>/eval/server-{eagle3,plain}/sglang.log."""
     if not prompts:
         raise LiveEvalError("no prompts to evaluate on")
     run_dir, draft_dir, model_dir = Path(run_dir), Path(draft_dir), Path(model_dir)
@@ -312,7 +314,9 @@ def evaluate_live(
     skip = skip_reason(evaluate, server, device)
     if skip is not None:
         return _write(
-            run_dir, {**base, "status": "skipped", "reason": skip, "summary": f"live evaluation skipped: {skip}"}
+            run_dir,
+            {**base, "status": "skipped", "reason": skip, "summary": f"live evaluation skipped: {skip}"},
+            method,
         )
 
     counter = ProgressCounter("evaluate-live", total=2 * len(prompts), report=progress)
@@ -340,21 +344,25 @@ def evaluate_live(
                 "reason": reason,
                 "summary": f"SGLang cannot serve EAGLE3 here: {reason}",
             },
+            method,
         )
     plain, plain_out = serve("plain", [])
     counter.finish()
     return _write(
         run_dir,
         {**base, "status": "ok", "plain": plain, "eagle3": eagle3, **compare(plain, eagle3, plain_out, eagle3_out)},
+        method,
     )
 
 
-def read_live_result(run_dir: Path) -> LiveEvalResult | None:
-    """eval/live.json, None when there is none."""
-    return read_record(RunPaths(run_dir).live_eval_json, LiveEvalResult)
+def read_live_result(run_dir: Path, method: str = FIRST_METHOD) -> LiveEvalResult | None:
+    """The method's eval/live.json, None when there is none."""
+    return read_record(RunPaths(run_dir).method(method).live_eval_json, LiveEvalResult)
 
 
-def _write(run_dir: Path, fields: dict[str, Any]) -> LiveEvalResult:
+def _write(run_dir: Path, fields: dict[str, Any], method: str) -> LiveEvalResult:
     result = LiveEvalResult.model_validate(fields)
-    atomic_write_json(RunPaths(run_dir).live_eval_json, result.model_dump(mode="json"))
+    path = RunPaths(run_dir).method(method).live_eval_json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, result.model_dump(mode="json"))
     return result

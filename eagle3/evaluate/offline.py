@@ -34,14 +34,14 @@ from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.draft.method import Drafter
-from eagle3.evaluate.speculative import Decoded, Round, Target, greedy_decode, speculative_decode
+from eagle3.evaluate.speculative import Decoded, Round, StepTimes, Target, greedy_decode, speculative_decode, sync
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_json, read_json
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import FIRST_METHOD, RunPaths
 from eagle3.store.run_store import DTYPES, RunStore, read_record
 from eagle3.target.load import load_causal_lm
 
-OFFLINE_FORMAT = "eagle3-eval-offline/2"
+OFFLINE_FORMAT = "eagle3-eval-offline/3"  # 3: the modelled speed-up
 LABEL = "offline, transformers, this device"
 
 
@@ -145,6 +145,37 @@ class CategoryStats(BaseModel):
     positions: list[PositionStats]
 
 
+MODELLED_FORMULA = "speed-up = tau * t_step / (t_verify + t_draft)"
+
+
+class ModelledSpeedup(BaseModel):
+    """The speed-up the measured forward times give at this acceptance length, with the formula written out: the
+    offline loop's wall clock also pays Python and the transformers cache, which a serving engine does not."""
+
+    model_config = ConfigDict(extra="forbid")
+    formula: str = MODELLED_FORMULA
+    acceptance_length: float  # tau
+    target_step_s: float  # t_step: one plain decode forward of the target (one token)
+    verify_s: float  # t_verify: the target's forward over [last, d1..dk], per round
+    draft_s: float  # t_draft: the draft's work per round (its forwards for the k proposals and the catch-up)
+    speedup: float
+
+
+
+def modelled_speedup(decoded: Sequence[Decoded], acceptance_length: float, target_step_s: float) -> ModelledSpeedup:
+    """tau tokens per round at the cost of one verify forward and one round of drafting, against one token per plain
+    decode forward; on a GPU t_verify ~ t_step (memory-bound), on a CPU it grows with k."""
+    verify, draft = StepTimes(), StepTimes()
+    for d in decoded:
+        verify.add(d.verify.seconds, d.verify.count)
+        draft.add(d.draft.seconds, d.draft.count)
+    cost = verify.mean + draft.mean
+    return ModelledSpeedup(
+        acceptance_length=acceptance_length, target_step_s=target_step_s, verify_s=verify.mean, draft_s=draft.mean,
+        speedup=acceptance_length * target_step_s / cost if cost > 0 else 0.0,
+    )  # fmt: skip
+
+
 class OfflineEvalResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: str = OFFLINE_FORMAT
@@ -171,6 +202,7 @@ class OfflineEvalResult(BaseModel):
     greedy_tokens_per_s: float
     speculative_tokens_per_s: float
     speedup: float  # speculative / greedy tokens per second
+    modelled: ModelledSpeedup | None = None  # from the measured forward times (ModelledSpeedup's formula)
     greedy_s: float
     speculative_s: float
     elapsed_s: float
@@ -212,11 +244,6 @@ def category_stats(decoded: Sequence[Decoded], categories: Sequence[str | None],
     return out
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def evaluate_drafter(
     target: Target,
     drafter: Drafter,
@@ -229,9 +256,9 @@ def evaluate_drafter(
     """Speculative and plain greedy decoding of every prompt, interleaved per prompt so both see the same machine
     load; after a short untimed warm-up of both. Returns the decodes, the greedy outputs and the timings."""
     counter = ProgressCounter("evaluate", len(prompts), progress)
-    decoded, reference, greedy_s, spec_s = decode_chains(target, drafter, prompts, [steps], max_new_tokens, counter)
+    decoded, reference, times, spec_s = decode_chains(target, drafter, prompts, [steps], max_new_tokens, counter)
     counter.finish()
-    return decoded[steps], reference, {"greedy_s": greedy_s, "speculative_s": spec_s[steps]}
+    return decoded[steps], reference, {**times, "speculative_s": spec_s[steps]}
 
 
 def decode_chains(
@@ -241,30 +268,31 @@ def decode_chains(
     chain_lengths: Sequence[int],
     max_new_tokens: int,
     counter: ProgressCounter,
-) -> tuple[dict[int, list[Decoded]], list[list[int]], float, dict[int, float]]:
+) -> tuple[dict[int, list[Decoded]], list[list[int]], dict[str, float], dict[int, float]]:
     """Per prompt: plain greedy decoding once, then speculative decoding at each chain length k (the acceptance at
     k=3 is not derivable from a k=5 run: the draft's chain and the target's cache differ after the first round
-    that accepts 4 or 5). Returns decodes per k, greedy outputs, greedy seconds and speculative seconds per k."""
+    that accepts 4 or 5). Returns decodes per k, greedy outputs, greedy timings (`greedy_s`, and `target_step_s`:
+    one decode forward's mean) and speculative seconds per k."""
     decoded: dict[int, list[Decoded]] = {k: [] for k in chain_lengths}
     spec_s = {k: 0.0 for k in chain_lengths}
-    reference, greedy_s = [], 0.0
+    reference, greedy_s, target_step = [], 0.0, StepTimes()
     with torch.inference_mode():
         warm = min(8, max_new_tokens)
         greedy_decode(target, prompts[0], warm)
         speculative_decode(target, drafter, prompts[0], steps=chain_lengths[0], max_new_tokens=warm)
         for prompt in prompts:
-            _sync(target.device)
+            sync(target.device)
             t0 = time.perf_counter()
-            reference.append(greedy_decode(target, prompt, max_new_tokens))
-            _sync(target.device)
+            reference.append(greedy_decode(target, prompt, max_new_tokens, target_step))
+            sync(target.device)
             greedy_s += time.perf_counter() - t0
             for k in chain_lengths:
                 t1 = time.perf_counter()
                 decoded[k].append(speculative_decode(target, drafter, prompt, steps=k, max_new_tokens=max_new_tokens))
-                _sync(target.device)
+                sync(target.device)
                 spec_s[k] += time.perf_counter() - t1
             counter.add(1, tokens=len(decoded[chain_lengths[0]][-1].tokens))
-    return decoded, reference, greedy_s, spec_s
+    return decoded, reference, {"greedy_s": greedy_s, "target_step_s": target_step.mean}, spec_s
 
 
 def summarize(
@@ -286,13 +314,14 @@ def summarize(
     greedy_tps = greedy_tokens / times["greedy_s"] if times["greedy_s"] > 0 else 0.0
     spec_tps = generated / times["speculative_s"] if times["speculative_s"] > 0 else 0.0
     same = [d.tokens == r for d, r in zip(decoded, reference, strict=True)]
+    tau = 1 + accepted / len(rounds) if rounds else 0.0
     return OfflineEvalResult(
         steps=steps,
         num_prompts=len(decoded),
         rounds=len(rounds),
         accepted_tokens=accepted,
         generated_tokens=generated,
-        acceptance_length=1 + accepted / len(rounds) if rounds else 0.0,
+        acceptance_length=tau,
         tokens_per_verify=generated / len(rounds) if rounds else 0.0,
         accepted_histogram=histogram,
         positions=positions,
@@ -301,6 +330,7 @@ def summarize(
         greedy_tokens_per_s=greedy_tps,
         speculative_tokens_per_s=spec_tps,
         speedup=spec_tps / greedy_tps if greedy_tps > 0 else 0.0,
+        modelled=modelled_speedup(decoded, tau, times["target_step_s"]) if "target_step_s" in times else None,
         greedy_s=times["greedy_s"],
         speculative_s=times["speculative_s"],
         torch_threads=torch.get_num_threads(),
@@ -386,10 +416,10 @@ def offline_sets(
     runs = []
     for one in sets:
         set_start = time.monotonic()
-        decoded, reference, greedy_s, spec_s = decode_chains(target, drafter, one.ids, ks, max_new_tokens, counter)
+        decoded, reference, times, spec_s = decode_chains(target, drafter, one.ids, ks, max_new_tokens, counter)
         for k in ks:
             runs.append(summarize(
-                decoded[k], reference, {"greedy_s": greedy_s, "speculative_s": spec_s[k]}, one.ids, steps=k,
+                decoded[k], reference, {**times, "speculative_s": spec_s[k]}, one.ids, steps=k,
                 categories=one.categories, model_dir=str(model_dir), checkpoint=str(path), aux_layers=aux_layers,
                 method=loaded.method.name,
                 max_new_tokens=max_new_tokens, device=str(target.device), dtype=dtype,
@@ -412,9 +442,9 @@ def offline_dtype(cfg: EvaluateConfig, store_dtype: str) -> str:
     return "float32" if resolve_device(cfg.device) == "cpu" else store_dtype
 
 
-def read_offline_result(run_dir: Path) -> OfflineEvalResult | None:
-    """eval/offline.json; None when there is none or it is of an older format (it is measured again)."""
-    path = RunPaths(run_dir).offline_eval_json
+def read_offline_result(run_dir: Path, method: str = FIRST_METHOD) -> OfflineEvalResult | None:
+    """The method's eval/offline.json; None when there is none or it is of an older format (it is measured again)."""
+    path = RunPaths(run_dir).method(method).offline_eval_json
     if not path.is_file() or read_json(path).get("format") != OFFLINE_FORMAT:
         return None
     return read_record(path, OfflineEvalResult)

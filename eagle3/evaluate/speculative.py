@@ -9,6 +9,7 @@ is the bonus token, the target's cache is cropped to the emitted tokens and the 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,16 +45,44 @@ class Target:
         return greedy, states
 
 
-def greedy_decode(target: Target, prompt: Sequence[int], max_new_tokens: int) -> list[int]:
-    """Plain greedy decoding with the KV cache: the reference output and the baseline speed."""
+def sync(device: torch.device) -> None:
+    """Wait for the device, so a wall-clock interval covers the work queued in it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class StepTimes:
+    """Seconds spent in one kind of forward, and how many: the inputs of the modelled speed-up (offline.py)."""
+
+    seconds: float = 0.0
+    count: int = 0
+
+    @property
+    def mean(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.seconds += seconds
+        self.count += count
+
+
+def greedy_decode(
+    target: Target, prompt: Sequence[int], max_new_tokens: int, steps: StepTimes | None = None
+) -> list[int]:
+    """Plain greedy decoding with the KV cache: the reference output and the baseline speed. `steps` adds the time
+    of every one-token decode forward (the prefill is not one)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
     token, _ = target.forward(prompt, cache, aux=False, last_only=True)
     out = [int(token)]
     while len(out) < max_new_tokens and out[-1] not in target.stop_ids:
+        t0 = time.perf_counter()
         token, _ = target.forward(out[-1:], cache, aux=False, last_only=True)
-        out.append(int(token))
+        out.append(int(token))  # int() waits for the device
+        if steps is not None:
+            steps.add(time.perf_counter() - t0)
     return out
 
 
@@ -68,6 +97,8 @@ class Round:
 class Decoded:
     tokens: list[int]
     rounds: list[Round] = field(default_factory=list)
+    draft: StepTimes = field(default_factory=StepTimes)  # per round: propose + catch up on the emitted tokens
+    verify: StepTimes = field(default_factory=StepTimes)  # per round: the target's forward over [last, d1..dk]
 
 
 def accepted_prefix(drafted: Sequence[int], greedy: Sequence[int]) -> int:
@@ -97,10 +128,16 @@ def speculative_decode(
     assert aux is not None
     out = Decoded([int(first)])
     drafter.start([*prompt, int(first)], aux)
+    caught_up = 0.0  # the previous round's commit: drafting work of this round's draft
     while len(out.tokens) < max_new_tokens and out.tokens[-1] not in target.stop_ids:
         n = min(steps, max_new_tokens - len(out.tokens) - 1)
-        drafted = drafter.propose(n) if n else []
-        greedy, aux = verify(target, out.tokens[-1], drafted, cache)
+        t0 = time.perf_counter()
+        drafted = drafter.propose(n) if n else []  # token ids: already on the host
+        t1 = time.perf_counter()
+        greedy, aux = verify(target, out.tokens[-1], drafted, cache)  # .tolist() waits for the device
+        out.draft.add(caught_up + t1 - t0)
+        out.verify.add(time.perf_counter() - t1)
+        caught_up = 0.0
         a = accepted_prefix(drafted, greedy)
         if n > a:
             cache.crop(-(n - a))  # rollback: keep [last, d1..da]
@@ -112,5 +149,8 @@ def speculative_decode(
         out.tokens.extend(new)
         out.rounds.append(Round(drafted=counted, accepted=a))
         if stop is None and len(out.tokens) < max_new_tokens:
+            t2 = time.perf_counter()
             drafter.commit(new, aux[: len(new)])
+            sync(target.device)
+            caught_up = time.perf_counter() - t2
     return out

@@ -51,7 +51,7 @@ from eagle3.draft.shape import DraftConfig
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.layers import LayerMappingError, SGLangLayers, eagle3_serving_problem, sglang_layer_ids
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
-from eagle3.store.paths import EXPORT_FILE, RunPaths
+from eagle3.store.paths import EXPORT_FILE, FIRST_METHOD, RunPaths
 from eagle3.store.run_store import RunInfo, RunStore, now, read_record
 from eagle3.target.families import RESIDUAL, TAPS
 from eagle3.target.files import model_fingerprint, sha256_file
@@ -97,10 +97,10 @@ class ExportResult(BaseModel):
     created_at: str = Field(default_factory=now)
 
 
-def default_export_dir(run_dir: Path) -> Path:
-    """The run's newest export, `<run_dir>/draft/latest` (a symlink into draft/exports/, eagle3/release/promote.py); the
-    promoted one is `<run_dir>/draft/current`."""
-    return RunPaths(run_dir).draft_latest
+def default_export_dir(run_dir: Path, method: str = FIRST_METHOD) -> Path:
+    """The method's newest export, `<run_dir>/draft/latest` for EAGLE-3 (a symlink into draft/exports/,
+    eagle3/release/promote.py), `draft/<method>/latest` for another; the promoted one is `<run_dir>/draft/current`."""
+    return RunPaths(run_dir).method(method).latest
 
 
 def sglang_args(

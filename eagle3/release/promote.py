@@ -7,6 +7,8 @@ one only when its evaluation is not worse than the current draft's on every eval
     <run_dir>/draft/latest  -> exports/<id>            the newest export (what the evaluate stage measures)
     <run_dir>/draft/current -> exports/<id>            the promoted draft: serve this path
     <run_dir>/draft/promotion.json                     Decision: the last promotion decision and its reason
+    <run_dir>/draft/<method>/{exports,latest}          another draft method's (train.method) exports; `current`
+                                                       may point into any method's exports: one promoted draft
 
 `latest` and `current` are relative symlinks, each replaced atomically (a new link under a temporary name,
 renamed over the old one): a reader sees the old draft or the new one, never a missing or half-written one.
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.draft.checkpoint import WEIGHTS, resolve_checkpoint
 from eagle3.store.fsio import atomic_write_json, fsync_dir, read_json
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import FIRST_METHOD, RunPaths
 from eagle3.store.run_store import now, read_record
 from eagle3.target.files import sha256_file
 
@@ -55,8 +57,12 @@ class EvalRecord(BaseModel):
     `sets`: every named set at every chain length (empty in records written before named sets)."""
 
     model_config = ConfigDict(extra="forbid")
+    method: str = Field(FIRST_METHOD, description="train.method of the draft (absent in older records: eagle3)")
     eval_set: EvalSet
     acceptance_length: float = Field(description="offline, tokens per verify round")
+    modelled_speed_up: float | None = Field(
+        None, description="offline, the first set at draft_steps: tau * t_step / (t_verify + t_draft)"
+    )
     sets: list[SetRecord] = Field(default_factory=list)
     live_speed_up: float | None = Field(None, description="live SGLang tokens/s with the draft over without")
     live_device: str | None = None
@@ -69,6 +75,8 @@ class Decision(BaseModel):
     model_config = ConfigDict(extra="forbid")
     promoted: bool
     reason: str
+    method: str = Field(FIRST_METHOD, description="the candidate's train.method")
+    chosen: str = Field("", description="with several methods trained: why this method's draft was the candidate")
     candidate: str = Field(description="the evaluated export directory")
     previous: str | None = Field(None, description="draft/current before the decision")
     current: str | None = Field(None, description="draft/current after the decision")
@@ -87,19 +95,21 @@ def drafts_dir(run_dir: Path) -> Path:
     return RunPaths(run_dir).draft_dir
 
 
-def latest_link(run_dir: Path) -> Path:
-    return RunPaths(run_dir).draft_latest
+def latest_link(run_dir: Path, method: str = FIRST_METHOD) -> Path:
+    """The method's newest export (`draft/latest` for EAGLE-3, `draft/<method>/latest` for another)."""
+    return RunPaths(run_dir).method(method).latest
 
 
 def current_link(run_dir: Path) -> Path:
     return RunPaths(run_dir).draft_current
 
 
-def export_dir_for(run_dir: Path, checkpoints: Path) -> Path:
-    """The export directory of the latest checkpoint under `checkpoints`: named by its step and weights' hash, so
-    re-exporting the same checkpoint finds its directory and a new checkpoint never overwrites an older export."""
+def export_dir_for(run_dir: Path, checkpoints: Path, method: str = FIRST_METHOD) -> Path:
+    """The export directory of the latest checkpoint under `checkpoints`, in the method's exports/: named by its step
+    and weights' hash, so re-exporting the same checkpoint finds its directory and a new checkpoint never overwrites
+    an older export."""
     ckpt = resolve_checkpoint(checkpoints)
-    return RunPaths(run_dir).draft_exports_dir / f"{ckpt.name}-{sha256_file(ckpt / WEIGHTS)[:12]}"
+    return RunPaths(run_dir).method(method).exports_dir / f"{ckpt.name}-{sha256_file(ckpt / WEIGHTS)[:12]}"
 
 
 def point(link: Path, target: Path) -> None:
@@ -159,6 +169,38 @@ def compare_sets(new: EvalRecord, old: EvalRecord, tolerance: float) -> tuple[bo
     return True, f"offline acceptance length on every set in common, new vs current: {'; '.join(text)}{note}"
 
 
+def compare_methods(new: EvalRecord, old: EvalRecord, tolerance: float) -> tuple[bool, str]:
+    """Drafts of two methods: the modelled speed-up on the same first set, measured the same way."""
+    same = (new.eval_set.model_copy(update={"draft_steps": 0}) == old.eval_set.model_copy(update={"draft_steps": 0}))
+    if not same or new.modelled_speed_up is None or old.modelled_speed_up is None:
+        return False, (
+            f"the current draft ({old.method}) and this one ({new.method}) have no modelled speed-up on the same "
+            "evaluation set to compare; set evaluate.promote=always for one run to move draft/current to this draft"
+        )
+    a, b = new.modelled_speed_up, old.modelled_speed_up
+    if a < b * (1 - tolerance):
+        return False, f"modelled speed-up {a:.3f}x ({new.method}) is below the current {old.method} draft's {b:.3f}x"
+    return True, f"modelled speed-up {a:.3f}x ({new.method}) vs the current {old.method} draft's {b:.3f}x"
+
+
+def choose_method(records: dict[str, EvalRecord]) -> tuple[str, str]:
+    """(method, why) among the drafts of several methods trained from one store: the highest modelled speed-up
+    on the first evaluation set (acceptance length where a draft has none), each at its own drafting length."""
+
+    def score(m: str) -> float:
+        r = records[m]
+        return r.modelled_speed_up if r.modelled_speed_up is not None else r.acceptance_length
+
+    ranked = sorted(records, key=score, reverse=True)
+    what = "modelled speed-up" if all(r.modelled_speed_up is not None for r in records.values()) else "score"
+    text = ", ".join(f"{m} {score(m):.3f}" for m in ranked)
+    if len(ranked) == 1:
+        return ranked[0], f"{ranked[0]} is the only method trained"
+    best, second = ranked[0], ranked[1]
+    margin = 100 * (score(best) / score(second) - 1) if score(second) > 0 else float("inf")
+    return best, f"{best} wins by {what} ({text}): +{margin:.1f}% over {second}"
+
+
 def compare(new: EvalRecord, old: EvalRecord | None, tolerance: float, block_flagged: bool) -> tuple[bool, str]:
     """(promote?, why): not worse offline (acceptance length on every named set and chain length both measured
     the same way) and, where both ran live on one device, not slower."""
@@ -166,6 +208,8 @@ def compare(new: EvalRecord, old: EvalRecord | None, tolerance: float, block_fla
         return False, f"its live speed-up {new.live_speed_up:.2f}x is below 1.0 (it slows serving)"
     if old is None:
         return True, "there is no current draft (or it has no evaluation)"
+    if new.method != old.method:  # another drafting procedure: acceptance per k says nothing about speed alone
+        return compare_methods(new, old, tolerance)
     ok, why = compare_sets(new, old, tolerance)
     if not ok:
         return False, why
@@ -187,6 +231,7 @@ def promote(
     policy: PromotePolicy = "if_not_worse",
     tolerance: float = 0.0,
     block_flagged: bool = True,
+    chosen: str = "",
 ) -> Decision:
     """Record `candidate`'s evaluation beside it, decide, move `draft/current` when promoted, and write
     draft/promotion.json. `block_flagged`: a draft that slows live serving is never promoted."""
@@ -208,6 +253,8 @@ def promote(
     decision = Decision(
         promoted=ok,
         reason=why,
+        method=record.method,
+        chosen=chosen,
         candidate=str(candidate),
         previous=str(previous) if previous else None,
         current=str(candidate) if ok else (str(previous) if previous else None),

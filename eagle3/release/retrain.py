@@ -1,11 +1,13 @@
 """Training again when the store grew: whether to, and where the finished training goes.
 
-    plan_training(run_dir, train_cfg) -> TrainPlan     train | resume | done | wait
-    archive_training(run_dir) -> Path                  train/ and eval/ -> trains/<n>/ (one rename each)
+    plan_training(run_dir, train_cfg) -> TrainPlan     train | resume | done | wait (train.method's training)
+    archive_training(run_dir, method) -> Path          train/ and eval/ -> trains/<n>/ (one rename each)
 
-`<run_dir>/train/job.json` records the store a training started on (run.json's dataset_fingerprint and the
-extracted tokens). A finished training of an older state of the store is archived, and a new one starts in
-`train/` when at least train.min_new_tokens were extracted since; with fewer, the draft stages wait.
+Each draft method trains in its own directory (eagle3/store/paths.py MethodPaths: EAGLE-3 in `<run_dir>/train/`,
+another under `<run_dir>/draft/<method>/`) and is planned and archived on its own. `train/job.json` records the
+store a training started on (run.json's dataset_fingerprint and the extracted tokens). A finished training of an
+older state of the store is archived, and a new one starts in `train/` when at least train.min_new_tokens were
+extracted since; with fewer, the draft stages wait.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Literal
 from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import latest_checkpoint
 from eagle3.store.fsio import fsync_dir
-from eagle3.store.paths import RunPaths
+from eagle3.store.paths import FIRST_METHOD, RunPaths
 from eagle3.store.run_store import RunStore
 from eagle3.train.job import read_job
 from eagle3.train.launch import finished_checkpoint
@@ -48,7 +50,7 @@ def store_state(run_dir: Path) -> tuple[str, int]:
 
 def plan_training(run_dir: Path, cfg: TrainConfig) -> TrainPlan:
     key, tokens = store_state(run_dir)
-    out = RunPaths(run_dir).train
+    out = RunPaths(run_dir).method(cfg.method).train
     job = read_job(out.job_json) if out.job_json.is_file() else None
     if latest_checkpoint(out.checkpoints_dir) is None:
         return TrainPlan("train", "no training in this store yet", key, tokens, tokens)
@@ -66,10 +68,10 @@ def plan_training(run_dir: Path, cfg: TrainConfig) -> TrainPlan:
     return TrainPlan("train", f"{new} new tokens since the last training", key, tokens, new, archive=True)
 
 
-def archive_training(run_dir: Path) -> Path:
-    """Move train/ and eval/ (the finished training and its evaluation) to trains/<n>/; returns that directory.
-    Its exports stay under draft/exports/ (each with its evaluation)."""
-    paths = RunPaths(run_dir)
+def archive_training(run_dir: Path, method: str = FIRST_METHOD) -> Path:
+    """Move the method's train/ and eval/ (the finished training and its evaluation) to its trains/<n>/; returns that
+    directory. Its exports stay under its exports/ (each with its evaluation)."""
+    paths = RunPaths(run_dir).method(method)
     root, trains = paths.root, paths.trains_dir
     trains.mkdir(exist_ok=True)
     n = 1 + max((int(p.name) for p in trains.iterdir() if p.name.isdigit()), default=0)

@@ -13,7 +13,7 @@
     <run_dir>/train/job-nodeN.json, train-nodeN.log, rendezvous/<token>.json  nodes 1.. of a multi-node training
     <run_dir>/draft/latest, current, exports/<step>-<sha>/export.json, promotion.json   eagle3/release/promote.py
     <run_dir>/eval/offline.json, live.json, server-<label>/
-    <run_dir>/draft/<method>/{train,exports,latest,eval}  a draft method other than EAGLE-3 (MethodPaths)
+    <run_dir>/draft/<method>/{train,exports,latest,eval,trains}  a draft method other than EAGLE-3 (MethodPaths)
     <run_dir>/trains/NNNN/{train,eval}                 earlier trainings (eagle3/release/retrain.py)
     <run_dir>/server/, doctor/                          SGLang server logs
 
@@ -325,3 +325,17 @@ class MethodPaths:
     @property
     def live_eval_json(self) -> Path:
         return self.eval_dir / "live.json"
+
+    @property
+    def latest_export_json(self) -> Path:
+        return self.latest / EXPORT_FILE
+
+    @property
+    def trains_dir(self) -> Path:
+        """The method's earlier trainings, trains/NNNN/{train,eval} beside its train/ (eagle3/release/retrain.py)."""
+        return self.root / "trains"
+
+    @property
+    def archived_names(self) -> tuple[str, ...]:
+        """What an archived training moves out of `root`, eval first (RunPaths.archived_names)."""
+        return (self.eval_dir.name, self.train.root.name)
