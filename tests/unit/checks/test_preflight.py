@@ -233,3 +233,42 @@ def test_a_block_drafter_only_family_and_a_config_that_changes_the_tap_are_refus
     check_run(export, plain)
     with pytest.raises(PreflightError, match=r"hyper-connection streams"):
         check_run(export, mhc)
+
+
+def test_a_method_whose_layers_the_store_lacks_is_refused_before_training_naming_them(
+    tmp_path: Path, model: Path
+) -> None:
+    """The store holds [2, 6, 9]; train.aux_layers asks [2, 5, 9]: refused, naming the missing layer and the
+    extraction that adds it; the store's own layers, and a subset of a 5-layer store's, pass."""
+    cfg = config(tmp_path, stages=["train", "export"], train={"method": "eagle3.1", "aux_layers": [2, 5, 9]})
+    made_by(config(tmp_path), model)
+    named = (r"train.method eagle3.1: train.aux_layers \[2, 5, 9\]: the store holds aux layers \[2, 6, 9\], not \[5\]"
+             r".*extract.aux_layers: \[2, 5, 6, 9\]")
+    with pytest.raises(PreflightError, match=named):
+        check_run(cfg, model)
+    check_run(config(tmp_path, stages=["train"], train={"methods": ["eagle3", "eagle3.1"]}), model)
+    five = config(tmp_path / "b", stages=["extract", "convert", "train"], extract={"aux_layers": [1, 2, 5, 6, 9]},
+                  train={"aux_layers": [2, 6, 9]})  # fmt: skip
+    check_run(five, model)  # the layers this run extracts hold the draft's three
+    with pytest.raises(PreflightError, match=r"train.method's default layers|train.aux_layers"):
+        check_run(five.model_copy(update={"train": five.train.model_copy(update={"aux_layers": [3, 6, 9]})}), model)
+
+
+@pytest.mark.parametrize(
+    ("layers", "named"),
+    [([2, 6], r"2 layers; a store holds 3 to 8"), (list(range(1, 10)), r"9 layers"), ([2, 6, 6], r"each layer once"),
+     ([6, 2, 9], r"increasing order")],
+)
+def test_aux_layers_of_a_wrong_count_or_order_are_refused_by_the_config(layers: list[int], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        PipelineConfig.model_validate({"extract": {"aux_layers": layers}})
+
+
+def test_an_unknown_method_and_a_repeated_one_are_refused_naming_the_key() -> None:
+    with pytest.raises(ValueError, match=r"train.method[\s\S]*eagle3"):
+        PipelineConfig.model_validate({"train": {"method": "medusa"}})
+    with pytest.raises(ValueError, match=r"train.methods \['eagle3', 'eagle3'\] names a method twice"):
+        PipelineConfig.model_validate({"train": {"methods": ["eagle3", "eagle3"]}})
+    assert PipelineConfig().train.trained_methods() == ["eagle3"]
+    assert PipelineConfig.model_validate({"train": {"methods": ["eagle3.1", "eagle3"]}}).train.trained_methods() == [
+        "eagle3.1", "eagle3"]  # fmt: skip

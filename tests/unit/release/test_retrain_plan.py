@@ -68,3 +68,25 @@ def test_an_unfinished_training_resumes_whatever_the_store_did(tmp_path: Path) -
     training(store.root, "d", 100, step=2)
     grow(store, "d2")
     assert plan_training(store.root, CFG).action == "resume"
+
+
+def test_each_method_plans_and_archives_its_own_training(tmp_path: Path) -> None:
+    """A finished EAGLE-3 training does not make EAGLE-3.1's 'done': each method has its directory (MethodPaths),
+    and archiving one leaves the other in place."""
+    store, _ = make_store(tmp_path / "run", [[10]])
+    extracted(store, 0, 100)
+    training(store.root, "d", 100)
+    other = CFG.model_copy(update={"method": "eagle3.1"})
+    assert plan_training(store.root, CFG).action == "done"
+    assert plan_training(store.root, other).action == "train"
+    paths = store.method("eagle3.1")
+    assert paths.train.root == store.root / "draft" / "eagle3.1" / "train"
+    assert paths.latest == store.root / "draft" / "eagle3.1" / "latest"
+    assert paths.offline_eval_json == store.root / "draft" / "eagle3.1" / "eval" / "offline.json"
+    assert store.method("eagle3").train.root == store.train.root and store.method("eagle3").latest == store.draft_latest
+    training(paths.root, "d", 100)  # an EAGLE-3.1 training in its own directory
+    assert plan_training(store.root, other).action == "done"
+    grow(store, "d2")
+    dest = archive_training(store.root, "eagle3.1")
+    assert dest == paths.root / "trains" / "0001" and (dest / "train" / "job.json").is_file()
+    assert not paths.train.root.exists() and (store.root / "train" / "job.json").is_file()  # EAGLE-3's stays
