@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +18,7 @@ import eagle3.data.synthesize as synth
 from eagle3.config import PipelineConfig
 from eagle3.draft.checkpoint import save_checkpoint
 from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.methods import method_named
 from eagle3.draft.shape import DraftConfig
 from eagle3.release.export import ExportResult, export_draft
 from eagle3.serving.layers import extraction_layers
@@ -175,11 +177,12 @@ def assert_same_layer(
 
 
 def export_random_draft(
-    model: Path, root: Path, draft_vocab: int, *, o_proj_scale: float = 1.0
+    model: Path, root: Path, draft_vocab: int, *, o_proj_scale: float = 1.0, method: str = "eagle3"
 ) -> tuple[ExportResult, DraftConfig]:
     """A draft for `model` with random weights (norms around 1) and a random vocab map of `draft_vocab` ids,
     checkpointed and exported by our pipeline (export_draft) into <root>/run/draft, as SGLang serves it.
-    `o_proj_scale` scales the attention output projection, so attention weighs more in the draft's proposals."""
+    `o_proj_scale` scales the attention output projection, so attention weighs more in the draft's proposals;
+    `method` is an EAGLE-3 method (eagle3, eagle3.1: its flags)."""
     facts = read_model_facts(model)
     RunStore(root / "run").write_run_info(
         RunInfo(model_path=str(model), model_sha256=model_fingerprint(model), tokenizer_sha256="t",
@@ -189,7 +192,8 @@ def export_random_draft(
     )  # fmt: skip
     cfg = DraftConfig.from_target(read_json(model / "config.json"), num_aux=len(AUX), draft_vocab_size=draft_vocab)
     torch.manual_seed(0)
-    draft = Eagle3Draft(cfg)
+    draft = method_named(method).build(cfg)
+    assert isinstance(draft, Eagle3Draft)
     with torch.no_grad():
         for p in draft.parameters():
             if p.requires_grad:
@@ -201,5 +205,29 @@ def export_random_draft(
     draft.set_vocab_map(used - torch.arange(draft_vocab), t2d)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    ckpt = save_checkpoint(root / "train" / "checkpoints", 1, draft, opt, sched, {"data_position": {}}, keep=1)
+    state = {"data_position": {}, "method": method, "aux_layers": AUX}
+    ckpt = save_checkpoint(root / "train" / "checkpoints", 1, draft, opt, sched, state, keep=1)
     return export_draft(ckpt, root / "run", model, root / "run" / "draft"), cfg
+
+
+def sglang_view(draft_dir: str | Path, target: Path, root: Path, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """SGLang 0.5.23's own loader (draft mode, stock SGLang: no plugin) on an exported draft, in SGLang's interpreter
+    (sglang_load_draft.py), its step 0 run on `inputs` (input_ids [T], aux [T, K*H]): {"meta", "tensors"}."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    save_file(inputs, str(root / "inputs.safetensors"))
+    out, cwd = root / "sglang_view.safetensors", root / "cwd"  # no server_patch folder in cwd
+    cwd.mkdir(exist_ok=True)
+    env = {**{k: v for k, v in os.environ.items() if k != "EAGLE3_CPU_SPEC"},  # stock SGLang: no CPU fallback
+           "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # fmt: skip
+    proc = subprocess.run(
+        [str(SGLANG_PYTHON), str(Path(__file__).parent / "sglang_load_draft.py"), "--draft", str(draft_dir),
+         "--target", str(target), "--out", str(out), "--port", str(free_port()),
+         "--inputs", str(root / "inputs.safetensors")],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with safe_open(str(out), "pt") as f:
+        meta = json.loads(f.metadata()["result"])
+    return {"meta": meta, "tensors": load_file(str(out))}

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from eagle3.config import EvaluateConfig
 from eagle3.draft.eagle3.model import Eagle3Draft
@@ -29,8 +26,7 @@ from eagle3.draft.shape import DraftConfig
 from eagle3.evaluate.live import LiveEvalError, measure
 from eagle3.release.export import ExportResult
 from eagle3.serving.server import SGLangServer
-from tests.integration.sglang_support import AUX, SGLANG_PYTHON, export_random_draft, require_sglang_env
-from tests.ports import free_port
+from tests.integration.sglang_support import AUX, export_random_draft, require_sglang_env, sglang_view
 
 pytestmark = pytest.mark.sglang
 HERE = Path(__file__).resolve().parent
@@ -47,21 +43,8 @@ def exported(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> tupl
     g = torch.Generator().manual_seed(1)  # step-0 inputs: target ids and fused aux states [T, K*H]
     inputs = {"input_ids": torch.randint(0, cfg.vocab_size, (48,), generator=g),
               "aux": torch.randn(48, 3 * cfg.target_hidden_size, generator=g).to(torch.bfloat16)}  # fmt: skip
-    save_file(inputs, str(root / "inputs.safetensors"))
-    out = root / "sglang_view.safetensors"
-    cwd = root / "cwd"  # no server_patch folder here
-    cwd.mkdir()
-    env = {**{k: v for k, v in os.environ.items() if k != "EAGLE3_CPU_SPEC"},  # stock SGLang: no CPU fallback
-           "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # fmt: skip
-    proc = subprocess.run(
-        [str(SGLANG_PYTHON), str(HERE / "sglang_load_draft.py"), "--draft", result.out_dir, "--target", str(demo_model),
-         "--out", str(out), "--port", str(free_port()), "--inputs", str(root / "inputs.safetensors")],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with safe_open(str(out), "pt") as f:
-        meta = json.loads(f.metadata()["result"])
-    return result, {"meta": meta, "tensors": load_file(str(out)), "inputs": inputs}
+    view = sglang_view(result.out_dir, demo_model, root, inputs)
+    return result, {**view, "inputs": inputs}
 
 
 def test_sglang_loads_every_weight_of_the_export_as_we_wrote_it(exported: tuple[ExportResult, dict[str, Any]]) -> None:
