@@ -36,7 +36,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     evaluations: dict[str, EvalSummary] = {}
     for method in methods:
         one = with_method(config, method)
-        evaluation = method_stages(one, model_dir, f"{{name}} [{method}]" if len(methods) > 1 else None)
+        evaluation = method_stages(one, model_dir, f" [{method}]" if len(methods) > 1 else None)
         if isinstance(evaluation, State):
             return evaluation
         if evaluation is not None:
@@ -51,23 +51,24 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     return evaluation_outcome(chosen, evaluations[method])
 
 
-def method_stages(config: PipelineConfig, model_dir: str, run_name: str | None) -> EvalSummary | State | None:
+def method_stages(config: PipelineConfig, model_dir: str, tag: str | None) -> EvalSummary | State | None:
     """train -> export -> evaluate of train.method (those of them in config.stages); None when nothing was evaluated
-    (the stage is not listed, or the store grew by fewer than train.min_new_tokens since the last training)."""
+    (the stage is not listed, or the store grew by fewer than train.min_new_tokens since the last training). `tag`
+    (" [eagle3.1]") ends the task runs' names when several methods train."""
     trained = None
     if "train" in config.stages and config.train.nodes > 1:  # one flow run per node (tasks/train_fanout.py)
         on_nodes = train_on_nodes(config, TRAIN_NODE_DEPLOYMENT)
         if isinstance(on_nodes, State):
             return on_nodes
     elif "train" in config.stages:
-        trained = train_task.with_options(task_run_name=run_name)(config, model_dir)
+        trained = train_task.with_options(task_run_name=f"train{tag}" if tag else None)(config, model_dir)
     if trained is not None and trained.waiting:
         return None
     if "export" in config.stages:
-        export_task.with_options(task_run_name=run_name)(config, model_dir)
+        export_task.with_options(task_run_name=f"export{tag}" if tag else None)(config, model_dir)
     if "evaluate" not in config.stages:
         return None
-    return evaluate_task.with_options(task_run_name=run_name)(config, model_dir)
+    return evaluate_task.with_options(task_run_name=f"evaluate{tag}" if tag else None)(config, model_dir)
 
 
 @flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True)

@@ -163,3 +163,26 @@ def test_a_target_sglang_feeds_another_tap_is_refused_before_training_when_expor
         state.result()
     assert "Gemma3ForCausalLM" in (state.message or ""), state.message  # the cause, where the UI shows it
     assert not (store / "store" / "train" / "train.log").exists()  # refused before training
+
+
+def test_two_methods_train_from_one_store_each_into_its_own_directory_with_its_own_artifacts(
+    prefect_server: str, store: Path
+) -> None:
+    """train.methods [eagle3, eagle3.1]: two trainings one after another, EAGLE-3's where it always was and
+    EAGLE-3.1's under draft/eagle3.1/, each task run and progress artifact named for its method; a re-run trains
+    neither again."""
+    from flows.train import train_flow
+
+    cfg = config(store, methods=["eagle3", "eagle3.1"], max_steps=4, checkpoint_every=4)
+    state = train_flow(cfg, return_state=True)
+    assert state.is_completed(), state.message
+    for out, method in ((store / "store" / "train", "eagle3"), (store / "store" / "draft" / "eagle3.1" / "train",
+                                                                 "eagle3.1")):  # fmt: skip
+        latest = read_json(out / "checkpoints" / "latest.json")
+        assert latest["step"] == 4
+        assert read_json(out / "checkpoints" / "step-00000004" / "state.json")["method"] == method
+    assert latest_artifact("store-train-progress").data == 100.0
+    assert latest_artifact("store-eagle3-1-train-progress").data == 100.0
+    logs = [(store / "store" / p / "train.log").stat().st_size for p in ("train", "draft/eagle3.1/train")]
+    assert train_flow(cfg, return_state=True).is_completed()
+    assert [(store / "store" / p / "train.log").stat().st_size for p in ("train", "draft/eagle3.1/train")] == logs
