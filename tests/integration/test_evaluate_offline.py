@@ -291,4 +291,4 @@ def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them(de
     assert result.runs[2].categories == []  # HumanEval rows have no category
     assert (result.set_name, result.steps) == ("varied", 3)  # the top level is the first set at draft_steps
     written = OfflineEvalResult.model_validate(read_json(run_dir / "eval" / "offline.json"))
-    assert written.format == "eagle3-eval-offline/2" and written.runs == result.runs
+    assert written.format == "eagle3-eval-offline/3" and written.runs == result.runs
