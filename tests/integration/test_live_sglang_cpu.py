@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from eagle3.config import EvaluateConfig
 from eagle3.draft.eagle3.drafter import EagleDrafter
 from eagle3.draft.eagle3.model import Eagle3Draft
+from eagle3.draft.methods import method_named
 from eagle3.draft.shape import DraftConfig
 from eagle3.evaluate.live import eagle3_cli_args, serve_and_measure, speculative_args
 from eagle3.evaluate.offline import load_target
@@ -58,12 +59,14 @@ if os.environ.get("CPU_SPEC_TEST_TRACE"):
 """
 
 
-@pytest.fixture(scope="module")
-def draft_dir(demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random draft for SmolLM2, exported by our pipeline (export_draft) as SGLang serves it. Its o_proj is
+@pytest.fixture(scope="module", params=["eagle3", "eagle3.1"])
+def draft_dir(demo_model: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
+    """A random draft for SmolLM2 of each EAGLE-3 method (EAGLE-3.1: its per-aux norms before fc, and the post-norm
+    state chained to the next step), exported by our pipeline (export_draft) as SGLang serves it. Its o_proj is
     scaled up so that attention, not the residual stream, decides its proposals: with small random weights a
     draft KV cache read one token short changes almost no proposal (measured: 3 of 383), with this one 40."""
-    result, _ = export_random_draft(demo_model, tmp_path_factory.mktemp("cpu-spec"), DRAFT_VOCAB, o_proj_scale=30.0)
+    root = tmp_path_factory.mktemp(f"cpu-spec-{request.param}")
+    result, _ = export_random_draft(demo_model, root, DRAFT_VOCAB, o_proj_scale=30.0, method=request.param)
     return Path(result.out_dir)
 
 
@@ -86,7 +89,10 @@ def reference_rounds(demo_model: Path, draft_dir: Path, prompts: list[list[int]]
     the transformers target in float32, greedy, as the server ran."""
     cfg = DraftConfig.from_target(json.loads((demo_model / "config.json").read_text()), num_aux=3,
                                   draft_vocab_size=DRAFT_VOCAB)  # fmt: skip
-    draft = Eagle3Draft(cfg, load_file(str(demo_model / "model.safetensors"))["model.embed_tokens.weight"].float())
+    method = method_named(json.loads((draft_dir / "export.json").read_text())["method"])
+    embed = load_file(str(demo_model / "model.safetensors"))["model.embed_tokens.weight"].float()
+    draft = method.build(cfg, embed)
+    assert isinstance(draft, Eagle3Draft)
     weights = load_file(str(draft_dir / "model.safetensors"))
     draft.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in weights.items()}, strict=False)
     draft.eval()
@@ -100,36 +106,57 @@ def reference_rounds(demo_model: Path, draft_dir: Path, prompts: list[list[int]]
     return out
 
 
-def test_eagle3_on_cpu_gives_the_plain_servers_greedy_output_and_our_drafters_proposals(
-    demo_model: Path, demo_tokenizer: Any, draft_dir: Path, tmp_path: Path, one_torch_thread: None
-) -> None:
-    require_sglang_env()
+def chat_prompts(demo_tokenizer: Any) -> list[list[int]]:
     texts = [
         demo_tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in QUESTIONS
     ]
-    prompts = [demo_tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-    evaluate = EvaluateConfig.model_validate(
-        {"draft_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "max_new_tokens": MAX_NEW_TOKENS}
-    )
-    spec = speculative_args(evaluate)
+    return [demo_tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+
+
+EVALUATE = {"draft_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4, "max_new_tokens": MAX_NEW_TOKENS}
+
+
+def serve(
+    root: Path, demo_model: Path, prompts: list[list[int]], label: Any, env: dict[str, str], args: list[str]
+) -> tuple[Any, list[list[int]], str]:
+    server = sglang_config(root, demo_model, dtype="float32").server
+    run, out = serve_and_measure(
+        server.model_copy(update={"env": env}), demo_model, args, prompts, label=label,
+        evaluate=EvaluateConfig.model_validate(EVALUATE), log_dir=root / label, base_env=dict(os.environ),
+        port=free_port(),
+    )  # fmt: skip
+    return run, out, (root / label / "sglang.log").read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def plain(demo_model: Path, demo_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, str]:
+    """The plain server's greedy run of the prompts, once for every method's draft."""
+    require_sglang_env()
+    return serve(tmp_path_factory.mktemp("plain"), demo_model, chat_prompts(demo_tokenizer), "plain", {}, [])
+
+
+def test_eagle3_on_cpu_gives_the_plain_servers_greedy_output_and_our_drafters_proposals(
+    demo_model: Path,
+    demo_tokenizer: Any,
+    draft_dir: Path,
+    plain: tuple[Any, Any, str],
+    tmp_path: Path,
+    one_torch_thread: None,
+) -> None:
+    require_sglang_env()
+    prompts = chat_prompts(demo_tokenizer)
+    spec = speculative_args(EvaluateConfig.model_validate(EVALUATE))
     assert spec == {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
-    server = sglang_config(tmp_path, demo_model, dtype="float32").server
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(TRACE_SITECUSTOMIZE)
     trace = tmp_path / "draft-trace.jsonl"
 
-    def serve(label: Any, env: dict[str, str], args: list[str]) -> tuple[Any, list[list[int]], str]:
-        run, out = serve_and_measure(
-            server.model_copy(update={"env": env}), demo_model, args, prompts, label=label, evaluate=evaluate,
-            log_dir=tmp_path / label, base_env=dict(os.environ), port=free_port(),
-        )  # fmt: skip
-        return run, out, (tmp_path / label / "sglang.log").read_text(errors="replace")
-
     eagle3_env = {"EAGLE3_CPU_SPEC": "1", "PYTHONPATH": str(site), "CPU_SPEC_TEST_TRACE": str(trace)}
-    eagle3, eagle3_out, eagle3_log = serve("eagle3", eagle3_env, eagle3_cli_args(draft_dir, spec))
-    plain, plain_out, plain_log = serve("plain", {}, [])
+    eagle3, eagle3_out, eagle3_log = serve(tmp_path, demo_model, prompts, "eagle3", eagle3_env,
+                                           eagle3_cli_args(draft_dir, spec))  # fmt: skip
+    plain_run, plain_out, plain_log = plain
 
     # the target side
     assert SWITCH_LINE in eagle3_log  # the installed plugin did it, not a source folder
@@ -140,7 +167,7 @@ def test_eagle3_on_cpu_gives_the_plain_servers_greedy_output_and_our_drafters_pr
     assert "Paris" in demo_tokenizer.decode(eagle3_out[0])
     assert all(p.verify_passes and p.verify_passes > 0 for p in eagle3.prompts)  # meta_info.spec_verify_ct
     assert eagle3.accept_length is not None and 1.0 <= eagle3.accept_length <= 4.0  # ~1: a random draft
-    assert eagle3.completion_tokens == plain.completion_tokens > 0
+    assert eagle3.completion_tokens == plain_run.completion_tokens > 0
 
     # the draft side: SGLang's drafted chains vs our drafter's at the same (prompt, committed length)
     reference = reference_rounds(demo_model, draft_dir, prompts)
