@@ -35,6 +35,10 @@ EVALUATE_TIMEOUT_S = 6 * 3600
 NOT_FAILING = "(the run does not fail: evaluate.fail_on_slowdown is off)"
 
 
+class DraftSlowerError(RuntimeError):
+    """The live evaluation found the draft slower than the plain server (evaluate.fail_on_slowdown on)."""
+
+
 class EvalSummary(BaseModel):
     offline: OfflineEvalResult
     live: LiveEvalResult
@@ -179,5 +183,6 @@ def evaluation_outcome(config: PipelineConfig, summary: EvalSummary | None) -> S
     """Failed when the live speed-up is below 1.0 and evaluate.fail_on_slowdown is on (the flow run's final
     state), else None."""
     if summary is not None and summary.flagged and config.evaluate.fail_on_slowdown:
-        return Failed(message=f"the draft makes serving slower: {summary.live.summary}")
+        message = f"the draft makes serving slower: {summary.live.summary}"
+        return Failed(message=message, data=DraftSlowerError(message))
     return None

@@ -47,7 +47,18 @@ TABLE_EVERY_S = 120.0
 
 
 class TrainFailedError(RuntimeError):
-    """torchrun exited non-zero; the message carries the end of the log and where the whole log is."""
+    """torchrun exited non-zero. The first line is the failed worker's own exception (`TrainError: ...`, read from
+    torchrun's error file) when it raised one, the second how torchrun exited and where the whole log is; without a
+    worker exception (killed by a signal), torchrun's exit and the log's last lines."""
+
+    def __init__(self, code: int | None, log_path: Path, tail: list[str], worker_error: str | None, where: str = ""):
+        self.worker_error = worker_error
+        self.relays = worker_error is not None  # its message is the worker's: tasks/failure.py shows it as it is
+        exit_line = f"torchrun exited with {code}{where}; whole log: {log_path.resolve()}"
+        if worker_error:
+            super().__init__(f"{worker_error}\n{exit_line}")
+        else:
+            super().__init__(f"{exit_line}; last lines:\n" + "\n".join(tail[-15:]))
 
 
 class TrainSummary(BaseModel):
@@ -205,12 +216,11 @@ def train_task(
     reporter.publish()
     error = None
     if code != 0:
-        tail = "\n".join(proc.tail[-15:])
         where = f" on node {node} of {config.train.nodes}" if config.train.nodes > 1 else ""
-        error = TrainFailedError(f"torchrun exited with {code}{where}; whole log: {log_path}; last lines:\n{tail}")
+        error = TrainFailedError(code, log_path, proc.tail, proc.worker_error(), where)
     ckpt = finished_checkpoint(out, config.train) if error is None else None
     if error is None and ckpt is None:
-        error = TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")
+        error = TrainFailedError(code, log_path, proc.tail, f"no final checkpoint in {paths.checkpoints_dir}")
     if error is not None:
         reporter.progress.fail(error)  # the progress artifact says Failed, not its last step
         raise error

@@ -10,7 +10,8 @@
 torchrun dies with its parent and each worker with torchrun (PR_SET_PDEATHSIG on Linux: torchrun puts
 every worker in a session of its own, so a group signal would not reach them), and `stop()` (or leaving
 the `with` block early) sends SIGTERM, waits, then SIGKILL: a cancelled or crashed flow run never leaves a
-trainer holding GPUs.
+trainer holding GPUs. A worker that raises leaves its exception in torchrun's error file (the worker's `@record`;
+torchrun copies the first failed rank's file to TORCHELASTIC_ERROR_FILE, beside the log): `proc.worker_error()`.
 """
 
 from __future__ import annotations
@@ -80,14 +81,36 @@ def train_env(nproc: int, base: Mapping[str, str], compile_cache: Path | None = 
     return env
 
 
+def error_file(log_path: Path) -> Path:
+    """Where torchrun leaves the exception of the first worker that failed, beside its log: train.error.json."""
+    return log_path.with_suffix(".error.json")
+
+
+def read_worker_error(path: Path) -> str | None:
+    """The failed worker's exception, `TrainError: ...` (type and message, as torch's ErrorHandler wrote it), from
+    torchrun's error file; None when there is none (a worker killed by a signal writes nothing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):  # {"message": {"message": "Type: text", "extraInfo": {...}, "errorCode": N}}
+        message = message.get("message")
+    text = str(message or "").strip()
+    return text or None
+
+
 class TrainProcess:
     def __init__(self, cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
-        self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
+        self.cmd, self.log_path, self.cwd = cmd, Path(log_path), cwd
+        self.error_file = error_file(self.log_path)
+        self.env = {**(os.environ if env is None else env), "TORCHELASTIC_ERROR_FILE": str(self.error_file.resolve())}
         self.proc: subprocess.Popen[str] | None = None
         self.tail: list[str] = []  # the last lines, for error messages
 
     def __enter__(self) -> TrainProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.error_file.unlink(missing_ok=True)  # a resumed launch's error is its own
         self.proc = subprocess.Popen(
             self.cmd,
             stdout=subprocess.PIPE,
@@ -113,6 +136,10 @@ class TrainProcess:
                 self.tail = [*self.tail[-39:], line.rstrip("\n")]
                 yield line.rstrip("\n")
         self.proc.wait()
+
+    def worker_error(self) -> str | None:
+        """The exception of the first worker that failed in this launch (`ValueError: ...`), or None."""
+        return read_worker_error(self.error_file)
 
     @property
     def returncode(self) -> int | None:
