@@ -16,9 +16,10 @@ from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.flow_start import start_flow
 from tasks.preflight import serving_preflight_task
+from tasks.progress import ENDS_PROGRESS
 
 
-@flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
+@flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> ExtractSummary | State:
     """model ─► hold run_dir ─► open run (run.json) ─► disk budget ─► shards, one per server at a time (each under

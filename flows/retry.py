@@ -12,10 +12,11 @@ from tasks.extract.shards import run_shards
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.retry import plan_retry_task, run_config_task
 
 
-@flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True)
+@flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def retry_failed_flow(run_dir: str, shards: tuple[int, ...] = ()) -> ExtractSummary | State:
     """run.json's config ─► lock run_dir ─► plan (failed/partial shards, or `shards`) ─► model ─► open run ─►

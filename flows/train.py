@@ -16,6 +16,7 @@ from tasks.export import export_task
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
 from tasks.preflight import serving_preflight_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
 from tasks.train import GPU_LIMIT, train_task
@@ -49,7 +50,7 @@ def draft_stages(config: PipelineConfig, model_dir: str, sources: ConfigSources)
     return evaluation_outcome(config, evaluation)
 
 
-@flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+@flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
@@ -68,7 +69,10 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
 
 
 @flow(
-    name="train-node", flow_run_name="train {config.run_dir} [node {config.train.node_rank}]", validate_parameters=True
+    name="train-node",
+    flow_run_name="train {config.run_dir} [node {config.train.node_rank}]",
+    validate_parameters=True,
+    **ENDS_PROGRESS,
 )
 @reports_failure
 def train_node_flow(

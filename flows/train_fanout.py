@@ -11,10 +11,11 @@ from flows.train import DRAFT_STAGES, TRAIN_NODE_DEPLOYMENT, draft_stages
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
 from tasks.preflight import serving_preflight_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.train_fanout import TrainFanoutSummary, train_on_nodes
 
 
-@flow(name="train-fanout", flow_run_name="train-fanout {config.run_dir}", validate_parameters=True)
+@flow(name="train-fanout", flow_run_name="train-fanout {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def train_fanout_flow(
     config: PipelineConfig,

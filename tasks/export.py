@@ -36,7 +36,9 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     run_dir, train_dir = Path(config.run_dir), RunPaths(config.run_dir).train.root
     out = export_dir_for(run_dir, train_dir)
     start = time.monotonic()
-    with TaskProgress(logger, "export", key=run_key(config.run_dir, "export-progress"), unit="drafts") as report:
+    with TaskProgress(
+        logger, "export", key=run_key(config.run_dir, "export-progress"), unit="drafts", tokens=False
+    ) as report:
         result = export_draft(train_dir, run_dir, Path(model_dir), out, speculative_tokens=config.evaluate.draft_steps)
         report(Progress("export", 1, 1, 0, time.monotonic() - start))
     point(latest_link(run_dir), out)
