@@ -16,6 +16,7 @@ import logging
 import re
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -175,6 +176,16 @@ DEFAULT_ADVICE = (
 )
 
 
+#: The run directory the flow run works on once it is known (merged over the deployment's config, its {date} and
+#: {model_sha} filled in: tasks/flow_start.py), which the failure artifact is keyed by like every other artifact.
+RUN_DIR: ContextVar[str | None] = ContextVar("eagle3_failure_run_dir", default=None)
+
+
+def run_dir_is(run_dir: str) -> None:
+    """The flow run works on `run_dir` (the filled-in one): its failure report is keyed by it."""
+    RUN_DIR.set(run_dir)
+
+
 def run_dir_of(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """The run directory a flow call works on: its `config.run_dir` or its `run_dir` parameter."""
     bound = inspect.signature(fn).bind_partial(*args, **kwargs).arguments
@@ -303,15 +314,19 @@ def reports_failure(fn: Callable[P, R]) -> Callable[P, R | State]:
 
     @functools.wraps(fn)
     def flow_body(*args: P.args, **kwargs: P.kwargs) -> R | State:
-        run_dir = run_dir_of(fn, args, kwargs)
+        given = run_dir_of(fn, args, kwargs)  # until start_flow names the run directory (a subflow: its own)
+        token = RUN_DIR.set(None)
         try:
-            result = fn(*args, **kwargs)
-        except Exception as e:
-            return report_failure(run_dir, e)
-        if isinstance(result, State) and result.is_failed():  # e.g. shards that did not complete
-            data = result.data if isinstance(result.data, BaseException) else None
-            return report_failure(run_dir, data, result.message)
-        return result
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as e:
+                return report_failure(RUN_DIR.get() or given, e)
+            if isinstance(result, State) and result.is_failed():  # e.g. shards that did not complete
+                data = result.data if isinstance(result.data, BaseException) else None
+                return report_failure(RUN_DIR.get() or given, data, result.message)
+            return result
+        finally:
+            RUN_DIR.reset(token)
 
     # Prefect reads the parameters (form, validation) from the signature: the flow's own, its annotations
     # resolved in the flow's module (a string annotation would be looked up in this module).
