@@ -15,7 +15,7 @@ from tasks.evaluate import evaluate_task, evaluation_outcome
 from tasks.export import export_task
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
-from tasks.preflight import serving_preflight_task
+from tasks.preflight import stages_preflight_task
 from tasks.progress import ENDS_PROGRESS
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
@@ -64,7 +64,7 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
-    serving_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
+    stages_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
     return draft_stages(config, model_dir, sources) or config.run_dir
 
 
@@ -89,6 +89,7 @@ def train_node_flow(
         overrides: Any other setting, one `key.sub=value` per line, as `eagle3 run --set` takes them.
     """
     config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
+    stages_preflight_task(config, model_dir, ["train"], train_here=True)  # this node's device, the vocabulary map
     train_task(config, model_dir, rendezvous_token or None, gpu_limit)
     return config.run_dir
 

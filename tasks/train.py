@@ -32,6 +32,7 @@ from eagle3.train.job import TrainJob, read_job, write_job
 from eagle3.train.launch import (
     MetricsTail,
     TrainProcess,
+    error_file,
     finished_checkpoint,
     read_metrics,
     torchrun_command,
@@ -205,7 +206,9 @@ def train_task(
     with (
         reporter.progress,
         hold_gpus(nproc, gpu_limit),
-        TrainProcess(cmd, log_path=log_path, env=train_env(nproc, os.environ, paths.inductor_cache(node))) as proc,
+        TrainProcess(
+            cmd, log_path=log_path, env=train_env(nproc, os.environ, paths.inductor_cache(node), error_file(log_path))
+        ) as proc,
     ):
         for line in proc.lines():  # what the worker prints, as it is; its progress comes from metrics.jsonl
             if line.strip():

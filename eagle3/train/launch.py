@@ -65,19 +65,25 @@ def torchrun_command(
     return [*head, *where, "--nproc_per_node", str(nproc), "-m", "eagle3.train.worker", str(job_path)]
 
 
-def train_env(nproc: int, base: Mapping[str, str], compile_cache: Path | None = None) -> dict[str, str]:
+def train_env(
+    nproc: int, base: Mapping[str, str], compile_cache: Path | None = None, error_path: Path | None = None
+) -> dict[str, str]:
     """The workers' environment: unbuffered output (or the log arrives at exit), a CPU thread share per worker
     (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl), and NCCL's async error handling, so
     a collective that outlives train.peer_timeout_s (a peer node gone) aborts the process instead of hanging.
     `compile_cache`: torch.compile's cache (TrainPaths.inductor_cache): kept with the training, so a resume skips
     the minutes of cold compilation (240 s for an 8B-shaped draft; 3.5 s warm). One exported by the caller wins.
-    `base`: the caller's environment (the train task passes its os.environ), which the workers inherit."""
+    `base`: the caller's environment (the train task passes its os.environ), which the workers inherit.
+    `error_path`: torchrun's TORCHELASTIC_ERROR_FILE (error_file(log): the failed worker's exception, read back by
+    TrainProcess.worker_error)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if compile_cache is not None:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache))
+    if error_path is not None:
+        env["TORCHELASTIC_ERROR_FILE"] = str(error_path.resolve())
     return env
 
 
@@ -102,9 +108,8 @@ def read_worker_error(path: Path) -> str | None:
 
 class TrainProcess:
     def __init__(self, cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
-        self.cmd, self.log_path, self.cwd = cmd, Path(log_path), cwd
-        self.error_file = error_file(self.log_path)
-        self.env = {**(os.environ if env is None else env), "TORCHELASTIC_ERROR_FILE": str(self.error_file.resolve())}
+        self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
+        self.error_file = error_file(self.log_path)  # where train_env(..., error_file=) has torchrun write
         self.proc: subprocess.Popen[str] | None = None
         self.tail: list[str] = []  # the last lines, for error messages
 
