@@ -159,6 +159,9 @@ ERROR_ADVICE = {
     "says why, read in SGLang's source: docs/models.md). Run only stages that do not need SGLang (no export, "
     "`server.engine: transformers`, `evaluate.live: off`), give `extract.sglang_layer_ids` where the error says no "
     "rule is known, or train a draft for another model.",
+    "OutputsChangedError": "Served with the draft, the target gave another greedy output than without it, beyond a "
+    "near-tie (`{key}-evaluation` lists each prompt, position and top-2 gap): that is a serving bug (SGLang's EAGLE3 "
+    "path, server_patch/), not a weak draft; keep `{run_dir}/eval/` and the server logs in it for the report.",
     "ExtractIncomplete": ADVICE["extract"],
     "FanoutIncomplete": ADVICE["extract"],
     "BadSamplesFound": ADVICE["verify"],
@@ -169,6 +172,7 @@ ERROR_STAGE = {
     "FanoutIncomplete": "extract",
     "BadSamplesFound": "verify",
     "DraftSlowerError": "evaluate",
+    "OutputsChangedError": "evaluate",
 }
 DEFAULT_ADVICE = (
     "Fix the cause the first error names, then run the same deployment again: finished stages and complete "
