@@ -6,7 +6,9 @@ named.
 1. deployment_config (tasks/deployment_config.py): a run's partial `config` and `overrides` merged over its
    deployment's own config, and where each setting came from (`sources`, for the run summary);
 2. resolve_model_task (tasks/model.py): the target model's directory (the demo model installed on first use);
-3. run_dir_task (tasks/model.py): `run_dir`'s {date} / {model_sha} filled in, once; every later stage gets this config.
+3. run_dir_task (tasks/model.py): `run_dir`'s {date} / {model_sha} filled in, once; every later stage gets this config;
+4. end_stale_progress (tasks/progress.py): progress an earlier run on this store left live-looking (its node lost)
+   says how that run ended.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from eagle3.config_merge import ConfigSources
 from tasks.deployment_config import deployment_config
 from tasks.failure import run_dir_is
 from tasks.model import resolve_model_task, run_dir_task
+from tasks.progress import end_stale_progress
 
 
 class FlowStart(NamedTuple):
@@ -38,6 +41,10 @@ def start_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> FlowS
     if named.run_dir != config.run_dir:
         run_dir_is(named.run_dir)
         rename_flow_run(config.run_dir, named.run_dir)
+    try:  # an earlier run on this store that lost its node left live-looking progress: it ended
+        end_stale_progress(named.run_dir)
+    except Exception as e:
+        get_run_logger().warning("progress of earlier runs on %s: not checked (%s)", named.run_dir, e)
     return FlowStart(named, model_dir, sources)
 
 

@@ -338,5 +338,37 @@ def progress_ends_with_run(flow: Any, flow_run: FlowRun, state: State) -> None:
         logging.getLogger(__name__).warning("progress of flow run %s: not marked %s (%s)", flow_run.id, state.name, e)
 
 
+def end_stale_progress(run_dir: str | Path) -> list[UUID]:
+    """The progress of this run directory's stages that a flow run left live-looking when it ended without running
+    its hooks (its node lost; the crash automation marked it Crashed), ended as that run did (end_progress). Called
+    as the next flow run on the run directory starts; returns the flow runs it ended."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from tasks.artifacts import STAGE_ARTIFACTS
+
+    keys = sorted({run_key(run_dir, k) for ks in STAGE_ARTIFACTS.values() for k in ks if k.endswith("-progress")})
+    ended: list[UUID] = []
+    with get_client(sync_client=True) as client:
+        for key in keys:
+            latest = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=1,
+            )
+            if not latest or latest[0].flow_run_id is None or latest[0].flow_run_id in ended:
+                continue
+            run_id = latest[0].flow_run_id
+            done = float(cast(float, latest[0].data or 0.0)) >= 100.0
+            if done or (latest[0].description or "").startswith(("Failed", "Crashed:", "Cancelled:")):
+                continue
+            state = client.read_flow_run(run_id).state
+            if state is not None and (state.is_crashed() or state.is_cancelled()):
+                end_progress(run_id, state)
+                ended.append(run_id)
+    return ended
+
+
 #: `@flow(..., **ENDS_PROGRESS)`: a Crashed or Cancelled run's progress says so (progress_ends_with_run).
 ENDS_PROGRESS: dict[str, Any] = {"on_crashed": [progress_ends_with_run], "on_cancellation": [progress_ends_with_run]}

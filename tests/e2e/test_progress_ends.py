@@ -92,3 +92,26 @@ def test_a_cancelled_runs_progress_says_cancelled(prefect_server: str) -> None:
     text = latest_artifact("cancel-progress").description
     assert text.startswith("Cancelled: the flow run ended at 50/200 samples, 240 tok/s"), text
     assert "ETA" not in text and not running_tasks(run.id)
+
+
+def test_a_run_whose_node_was_lost_has_its_progress_ended_when_the_next_run_on_the_store_starts(
+    prefect_server: str, tmp_path: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    from tasks.artifacts import run_key
+    from tasks.progress import end_stale_progress
+
+    run_dir = tmp_path / "lost-node"
+    key = run_key(run_dir, "train-progress")
+    proc = started(key)
+    proc.kill()  # node and worker gone: nothing runs a hook
+    proc.wait(60)
+    run = flow_run_of(key)
+    with get_client(sync_client=True) as client:  # what the crash-zombie-runs automation does
+        client.set_flow_run_state(run.id, Crashed(message="no heartbeat"), force=True)
+    assert "ETA" in latest_artifact(key).description
+    assert end_stale_progress(run_dir) == [run.id]  # start_flow calls it as the next run on the store starts
+    assert latest_artifact(key).description.startswith("Crashed: the flow run ended at 50/200 samples")
+    assert not running_tasks(run.id) and end_stale_progress(run_dir) == []
