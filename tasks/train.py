@@ -52,14 +52,19 @@ class TrainFailedError(RuntimeError):
     torchrun's error file) when it raised one, the second how torchrun exited and where the whole log is; without a
     worker exception (killed by a signal), torchrun's exit and the log's last lines."""
 
-    def __init__(self, code: int | None, log_path: Path, tail: list[str], worker_error: str | None, where: str = ""):
+    def __init__(self, message: str, worker_error: str | None = None):  # (message,): pickles as an exception does
+        super().__init__(message)
         self.worker_error = worker_error
         self.relays = worker_error is not None  # its message is the worker's: tasks/failure.py shows it as it is
+
+    @classmethod
+    def of_launch(
+        cls, code: int | None, log_path: Path, tail: list[str], worker_error: str | None, where: str = ""
+    ) -> TrainFailedError:
         exit_line = f"torchrun exited with {code}{where}; whole log: {log_path.resolve()}"
         if worker_error:
-            super().__init__(f"{worker_error}\n{exit_line}")
-        else:
-            super().__init__(f"{exit_line}; last lines:\n" + "\n".join(tail[-15:]))
+            return cls(f"{worker_error}\n{exit_line}", worker_error)
+        return cls(f"{exit_line}; last lines:\n" + "\n".join(tail[-15:]))
 
 
 class TrainSummary(BaseModel):
@@ -220,10 +225,10 @@ def train_task(
     error = None
     if code != 0:
         where = f" on node {node} of {config.train.nodes}" if config.train.nodes > 1 else ""
-        error = TrainFailedError(code, log_path, proc.tail, proc.worker_error(), where)
+        error = TrainFailedError.of_launch(code, log_path, proc.tail, proc.worker_error(), where)
     ckpt = finished_checkpoint(out, config.train) if error is None else None
     if error is None and ckpt is None:
-        error = TrainFailedError(code, log_path, proc.tail, f"no final checkpoint in {paths.checkpoints_dir}")
+        error = TrainFailedError.of_launch(code, log_path, proc.tail, f"no final checkpoint in {paths.checkpoints_dir}")
     if error is not None:
         reporter.progress.fail(error)  # the progress artifact says Failed, not its last step
         raise error

@@ -4,6 +4,7 @@ which stage that is, and the one thing to do, filled in for the run directory.""
 from __future__ import annotations
 
 import errno
+import pickle
 from pathlib import Path
 
 import pytest
@@ -43,12 +44,16 @@ def test_task_run_names_map_to_their_stage_and_its_advice() -> None:
 
 def test_the_first_error_is_one_line_and_bounded() -> None:
     assert first_error(ValueError("bad\n  row 3"), None) == "ValueError: bad row 3"
-    relayed = TrainFailedError(1, Path("/r/train/train.log"), ["boilerplate"], "TrainError: the worker's own")
+    relayed = TrainFailedError.of_launch(1, Path("/r/train/train.log"), ["boilerplate"], "TrainError: the worker's own")
     assert (
         first_error(relayed, None)
         == "TrainError: the worker's own (torchrun exited with 1; whole log: /r/train/train.log)"
     )
-    killed = TrainFailedError(-9, Path("/r/train/train.log"), ["a", "b"], None)  # no worker exception: the log's tail
+    again = pickle.loads(pickle.dumps(relayed))  # as Prefect keeps a Failed state's exception
+    assert first_error(again, None) == first_error(relayed, None) and again.worker_error == relayed.worker_error
+    killed = TrainFailedError.of_launch(
+        -9, Path("/r/train/train.log"), ["a", "b"], None
+    )  # no worker exception: the log's tail
     assert (
         first_error(killed, None)
         == "TrainFailedError: torchrun exited with -9; whole log: /r/train/train.log; last lines: a b"
@@ -114,7 +119,7 @@ def _raised_from(outer: Exception, inner: Exception) -> Exception:
         ),
         (
             "train",
-            TrainFailedError(
+            TrainFailedError.of_launch(
                 1,
                 Path("data/runs/x/train/train.log"),
                 [],
