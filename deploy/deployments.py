@@ -171,7 +171,8 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
     """The flow's parameter schema as the deployment's UI form shows it: every parameter titled and described
     (descriptions come from the flow docstring's `Args:` section), `config.run_dir` required and empty (a run
     started without edits never lands in another run's store), and, with `config_form` in the spec, only
-    those config keys (the others keep their defaults; a caller may still pass them)."""
+    those config keys (the others keep their defaults; a caller may still pass them). `form_note`: a sentence put
+    first in the `config` description, which the Run form shows (the Description tab is not on the form)."""
     from prefect.utilities.callables import parameter_schema
 
     where = f"deployment {d['name']!r} ({d['entrypoint']})"
@@ -181,6 +182,9 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
             raise SpecError(f"{where}: parameter {name!r} has no description; add it to the flow's `Args:` docstring")
         prop["title"] = title_of(name)
         prop["description"] = " ".join(prop["description"].split())
+    if note := d.get("form_note"):  # what a first run must know before it starts, on the Run form itself
+        config_param = schema.properties["config"]
+        config_param["description"] = f"{' '.join(note.split())} {config_param['description']}"
     config = schema.definitions.get("PipelineConfig")
     if config is not None and "config" in model_parameters(flow.fn):
         plain_nullable(schema.definitions)

@@ -94,3 +94,33 @@ class ProgressCounter:
         p = self.snapshot()
         self.report(p)
         return p
+
+
+@dataclass
+class TokenEstimate:
+    """The tokens a generation will make in all, for an ETA by tokens from the first ones (generated samples finish
+    minutes apart, so counting samples reads `ETA ?` until the first does): every unit not finished yet at the mean
+    of those finished, or, before any has, at its bound (`bounds`: the most each unit may generate, e.g. its turns x
+    max_new_tokens)."""
+
+    bounds: list[int]
+    finished_units: int = 0
+    finished_tokens: int = 0
+    dropped: int = 0  # units that failed: nothing more to generate for them
+
+    def finish(self, tokens: int) -> int:
+        """One unit generated `tokens`; returns the new total."""
+        self.finished_units += 1
+        self.finished_tokens += tokens
+        return self.total()
+
+    def drop(self) -> int:
+        """One unit failed; returns the new total."""
+        self.dropped += 1
+        return self.total()
+
+    def total(self) -> int:
+        if not self.finished_units:
+            return sum(self.bounds)
+        left = max(0, len(self.bounds) - self.finished_units - self.dropped)
+        return self.finished_tokens + round(left * self.finished_tokens / self.finished_units)

@@ -178,7 +178,10 @@ def report_flow_state(state: Any, store: Path, run_dir: str | Path) -> int:
 
     ui = get_current_settings().ui_url
     run_id = state.state_details.flow_run_id
-    print(f"\nstore:  {store}   (inspect: eagle3 status {run_dir})")
+    if store.is_dir():
+        print(f"\nstore:  {store}   (inspect: eagle3 status {run_dir})")
+    else:  # failed before its first write: nothing there to inspect
+        print(f"\nstore:  none written (the run stopped before it created {store})")
     if ui and run_id:
         print(f"UI:     {ui.rstrip('/')}/runs/flow-run/{run_id}")
     if state.is_completed():

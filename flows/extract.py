@@ -15,10 +15,11 @@ from tasks.extract.shards import run_shards
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.flow_start import start_flow
-from tasks.preflight import serving_preflight_task
+from tasks.preflight import stages_preflight_task
+from tasks.progress import ENDS_PROGRESS
 
 
-@flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True)
+@flow(name="extract", flow_run_name="extract {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> ExtractSummary | State:
     """model ─► hold run_dir ─► open run (run.json) ─► disk budget ─► shards, one per server at a time (each under
@@ -36,7 +37,7 @@ def extract_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> Ext
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's (extract-node's)
-    serving_preflight_task(config, model_dir, ["extract"])  # SGLang's ids and tap, before any server starts
+    stages_preflight_task(config, model_dir, ["extract"])  # SGLang's ids and tap, the device, before any server starts
     shared = config.extract.share_run_dir
     ttl_s = config.extract.lease_ttl_s
     with flow_context() as ctx, ctx.hold(config.run_dir, "extract", shared=shared, ttl_s=ttl_s) as hold:

@@ -16,9 +16,10 @@ from tasks.extract.fanout import (
     watch_children_task,
 )
 from tasks.failure import reports_failure
+from tasks.progress import ENDS_PROGRESS
 
 
-@flow(name="extract-fanout", flow_run_name="extract-fanout {config.run_dir}", validate_parameters=True)
+@flow(name="extract-fanout", flow_run_name="extract-fanout {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def extract_fanout_flow(
     config: PipelineConfig,

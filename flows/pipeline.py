@@ -14,11 +14,12 @@ from tasks.flow_context import flow_context
 from tasks.flow_start import start_flow
 from tasks.preflight import preflight_task
 from tasks.prepare import prepare_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.prompts import prompts_task
 from tasks.synthesize import synthesize_task
 
 
-@flow(name="pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True)
+@flow(name="pipeline", flow_run_name="pipeline {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def pipeline(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """[prompts] ─► prepare ─► [synthesize] ─► extract (subflow, per shard) ─► convert ─► train ─► export ─►

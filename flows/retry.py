@@ -12,10 +12,12 @@ from tasks.extract.shards import run_shards
 from tasks.failure import reports_failure
 from tasks.flow_context import flow_context
 from tasks.model import resolve_model_task
+from tasks.preflight import stages_preflight_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.retry import plan_retry_task, run_config_task
 
 
-@flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True)
+@flow(name="retry-failed", flow_run_name="retry-failed {run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def retry_failed_flow(run_dir: str, shards: tuple[int, ...] = ()) -> ExtractSummary | State:
     """run.json's config ─► lock run_dir ─► plan (failed/partial shards, or `shards`) ─► model ─► open run ─►
@@ -34,6 +36,7 @@ def retry_failed_flow(run_dir: str, shards: tuple[int, ...] = ()) -> ExtractSumm
     with flow_context() as ctx, ctx.hold(run_dir, "retry", ttl_s=config.extract.lease_ttl_s):
         todo = plan_retry_task(config, list(shards) or None)
         model_dir = resolve_model_task(config)
+        stages_preflight_task(config, model_dir, ["extract"])  # this worker's device, SGLang's ids and tap
         plan = open_run_task(config, model_dir, ctx=ctx, shards=todo)
         disk_budget_task(config, plan)
         results, failures = outcomes(run_shards(config, model_dir, plan, ctx))

@@ -16,7 +16,8 @@ from tasks.export import export_task
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
 from tasks.methods import compare_methods_task, with_method
-from tasks.preflight import serving_preflight_task
+from tasks.preflight import stages_preflight_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.promote import promote_task
 from tasks.summary import run_summary_task
 from tasks.train import GPU_LIMIT, train_task
@@ -71,7 +72,7 @@ def method_stages(config: PipelineConfig, model_dir: str, tag: str | None) -> Ev
     return evaluate_task.with_options(task_run_name=f"evaluate{tag}" if tag else None)(config, model_dir)
 
 
-@flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True)
+@flow(name="train", flow_run_name="train {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str | State:
     """train (torchrun, holding the `gpu` limit) ─► export ─► evaluate, for the train/export/evaluate
@@ -85,12 +86,15 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
-    serving_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
+    stages_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
     return draft_stages(config, model_dir, sources) or config.run_dir
 
 
 @flow(
-    name="train-node", flow_run_name="train {config.run_dir} [node {config.train.node_rank}]", validate_parameters=True
+    name="train-node",
+    flow_run_name="train {config.run_dir} [node {config.train.node_rank}]",
+    validate_parameters=True,
+    **ENDS_PROGRESS,
 )
 @reports_failure
 def train_node_flow(
@@ -107,6 +111,7 @@ def train_node_flow(
         overrides: Any other setting, one `key.sub=value` per line, as `eagle3 run --set` takes them.
     """
     config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
+    stages_preflight_task(config, model_dir, ["train"], train_here=True)  # this node's device, the vocabulary map
     train_task(config, model_dir, rendezvous_token or None, gpu_limit)
     return config.run_dir
 

@@ -10,11 +10,12 @@ from eagle3.config import PipelineConfig
 from flows.train import DRAFT_STAGES, TRAIN_NODE_DEPLOYMENT, draft_stages
 from tasks.failure import reports_failure
 from tasks.flow_start import start_flow
-from tasks.preflight import serving_preflight_task
+from tasks.preflight import stages_preflight_task
+from tasks.progress import ENDS_PROGRESS
 from tasks.train_fanout import TrainFanoutSummary, train_on_nodes
 
 
-@flow(name="train-fanout", flow_run_name="train-fanout {config.run_dir}", validate_parameters=True)
+@flow(name="train-fanout", flow_run_name="train-fanout {config.run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def train_fanout_flow(
     config: PipelineConfig,
@@ -40,7 +41,7 @@ def train_fanout_flow(
             takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
     """
     config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
-    serving_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
+    stages_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training
     trained = train_on_nodes(config, deployment, poll_s)
     if isinstance(trained, State):
         return trained

@@ -6,10 +6,11 @@ from prefect import flow
 from prefect.states import State
 
 from tasks.failure import reports_failure
+from tasks.progress import ENDS_PROGRESS
 from tasks.verify import VerifySummary, verify_outcome, verify_task
 
 
-@flow(name="verify", flow_run_name="verify {run_dir}", validate_parameters=True)
+@flow(name="verify", flow_run_name="verify {run_dir}", validate_parameters=True, **ENDS_PROGRESS)
 @reports_failure
 def verify_flow(run_dir: str, quick: bool = False, shards: tuple[int, ...] = ()) -> VerifySummary | State:
     """verify (every file, or headers only with `quick`) ─► Failed if bad samples were found (quarantined;

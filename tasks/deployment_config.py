@@ -15,13 +15,20 @@ from prefect.context import FlowRunContext
 
 from eagle3.config import PipelineConfig
 from eagle3.config_merge import ConfigSources, merge_config
+from tasks.failure import run_dir_is
 
 
 def deployment_config(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> tuple[PipelineConfig, ConfigSources]:
     """Called first in a flow that takes `config` (through tasks/flow_start.py, or alone): for a run of a
     deployment, the run's given config and then its `overrides` (`key.sub=value` lines) merged over the deployment's
     own (key by key, deeply), and where each value came from; any other run (`eagle3 run`, a subflow) gets `config`
-    with its `overrides`."""
+    with its `overrides`. The run's failure report is keyed by the merged run_dir from here on."""
+    merged, sources = merged_config(config, overrides)
+    run_dir_is(merged.run_dir)
+    return merged, sources
+
+
+def merged_config(config: PipelineConfig, overrides: tuple[str, ...]) -> tuple[PipelineConfig, ConfigSources]:
     ctx = FlowRunContext.get()
     deployment_id = ctx.flow_run.deployment_id if ctx is not None and ctx.flow_run is not None else None
     if ctx is None or ctx.flow_run is None or deployment_id is None:

@@ -36,6 +36,14 @@ EVALUATE_TIMEOUT_S = 6 * 3600
 NOT_FAILING = "(the run does not fail: evaluate.fail_on_slowdown is off)"
 
 
+class DraftSlowerError(RuntimeError):
+    """The live evaluation found the draft slower than the plain server (evaluate.fail_on_slowdown on)."""
+
+
+class OutputsChangedError(RuntimeError):
+    """Served with the draft, the target's greedy output changed beyond a near-tie (or at all, float32 on CPU)."""
+
+
 class EvalSummary(BaseModel):
     offline: OfflineEvalResult
     live: LiveEvalResult
@@ -106,6 +114,12 @@ def evaluation_markdown(config: PipelineConfig, s: EvalSummary) -> str:
             f"Live: {measured.tokens_per_s:.1f} tokens/s with the draft, {live.plain.tokens_per_s:.1f} without."
         )
     lines += ["", f"**Live:** {live.summary}" if live.status == "ok" else f"Live: {live.summary}"]
+    if live.differences:
+        lines += ["", "| prompt | first differing position | plain token | EAGLE3 token | top-2 (id: logprob) | gap | "
+                  "near-tie |", "|---:|---:|---:|---:|---|---:|---|"]  # fmt: skip
+        lines += [f"| {d.prompt} | {d.position} | {d.plain_token} | {d.eagle3_token} | "
+                  f"{', '.join(f'{t}: {lp:.3f}' for t, lp in d.top2)} | {'' if d.gap is None else f'{d.gap:.3f}'} | "
+                  f"{'yes' if d.near_tie else '**no**'} |" for d in live.differences]  # fmt: skip
     if off.identical_to_greedy != off.num_prompts:
         lines.append(f"\nOffline outputs differing from plain greedy decoding: prompts {off.mismatched_prompts}.")
     if s.flagged:
@@ -142,7 +156,8 @@ def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | 
     if old is None:
         return None
     same = (old.status, old.num_prompts, old.max_new_tokens) == ("ok", num_prompts, ev.max_new_tokens)
-    return old if same else None
+    classified = old.unexplained is not None or not old.mismatched_prompts  # one from before the classification: again
+    return old if same and classified else None
 
 
 @task(name="evaluate", retries=0, timeout_seconds=EVALUATE_TIMEOUT_S, cache_policy=NO_CACHE)
@@ -178,7 +193,7 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
                 server=config.server, evaluate=ev, base_env=server_env(), progress=live_report, method=method,
             )  # fmt: skip
     goes_on = f" {NOT_FAILING}" if live.flag and not ev.fail_on_slowdown else ""
-    (logger.error if live.flag else logger.info)("evaluate: %s%s", live.summary, goes_on)
+    (logger.error if live.flag or live.unexplained else logger.info)("evaluate: %s%s", live.summary, goes_on)
     summary = EvalSummary(offline=offline, live=live)
     markdown_artifact(
         method_key(config.run_dir, method, "evaluation"),
@@ -191,8 +206,12 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
 
 
 def evaluation_outcome(config: PipelineConfig, summary: EvalSummary | None) -> State | None:
-    """Failed when the live speed-up is below 1.0 and evaluate.fail_on_slowdown is on (the flow run's final
-    state), else None."""
+    """Failed (the flow run's final state) when speculation changed a greedy output beyond a near-tie, or when the
+    live speed-up is below 1.0 and evaluate.fail_on_slowdown is on; else None."""
+    if summary is not None and summary.live.unexplained:
+        message = f"speculation changed the target's greedy output: {summary.live.summary}"
+        return Failed(message=message, data=OutputsChangedError(message))
     if summary is not None and summary.flagged and config.evaluate.fail_on_slowdown:
-        return Failed(message=f"the draft makes serving slower: {summary.live.summary}")
+        message = f"the draft makes serving slower: {summary.live.summary}"
+        return Failed(message=message, data=DraftSlowerError(message))
     return None

@@ -38,7 +38,7 @@ def export_task(config: PipelineConfig, model_dir: str) -> ExportResult:
     out, latest = export_dir_for(run_dir, train_dir, method), latest_link(run_dir, method)
     start = time.monotonic()
     key = method_key(config.run_dir, method, "export-progress")
-    with TaskProgress(logger, "export", key=key, unit="drafts") as report:
+    with TaskProgress(logger, "export", key=key, unit="drafts", tokens=False) as report:
         result = export_draft(train_dir, run_dir, Path(model_dir), out, speculative_tokens=config.evaluate.draft_steps)
         report(Progress("export", 1, 1, 0, time.monotonic() - start))
     point(latest, out)

@@ -13,8 +13,11 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import re
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -48,8 +51,8 @@ ADVICE = {
     "train": "Read the trainer's own log, `{run_dir}/train/train.log`; fix the cause and run train again: it "
     "resumes from the last checkpoint.",
     "export": "Check that `{run_dir}/train/checkpoints` holds a checkpoint (run train first), then export again.",
-    "evaluate": "Read `{key}-evaluation`; a draft slower than the plain server needs more or better training "
-    "data, or set `evaluate.fail_on_slowdown: false` where speed is not the point.",
+    "evaluate": "Read the evaluate task's log and `{key}-evaluation`; fix the cause the error names, then run the "
+    "train deployment with stages [evaluate] on `{run_dir}`: the trained and exported draft is kept.",
     "run-config": "Give the run directory of an extraction that started (it has run.json), e.g. data/runs/demo.",
     "plan-retry": "Check `{run_dir}` with `eagle3 status {run_dir}`; retry-failed needs a store that extraction wrote.",
     "verify": "Run the retry-failed deployment with run_dir `{run_dir}` (or `eagle3 retry {run_dir}`): it redoes "
@@ -57,6 +60,83 @@ ADVICE = {
     "launch-children": "Check that the child deployment exists and each node's worker pulls its work queue.",
     "watch-children": "Open the failed child flow runs (Subflow Runs) for their own `{key}-failure`.",
 }
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A cause of failure that needs its own fix in whichever stage it shows: an error of one of `types` (class
+    names), or one whose text (its own, its causes', a relayed worker's) matches `says`."""
+
+    name: str
+    says: re.Pattern[str] | None
+    advice: str
+    types: frozenset[str] = frozenset()
+
+    def matches(self, kinds: set[str], text: str) -> bool:
+        return bool(kinds & self.types) or (self.says is not None and self.says.search(text) is not None)
+
+
+#: The device keys a stage reads, for the device advice (`{devices}`).
+DEVICE_KEYS = {
+    "train": "`train.device`",
+    "evaluate": "`evaluate.device` and `server.device`",
+    "extract": "`server.device`",
+    "synthesize": "`server.device`",
+    "prompts": "`server.device`",
+}
+#: The first cause that matches chooses the advice, before the error class's and the stage's.
+CAUSES = (
+    Cause(
+        "device unavailable",
+        re.compile(
+            r"Torch not compiled with CUDA enabled|Found no NVIDIA driver|no CUDA GPUs are available|"
+            r"no CUDA-capable device|CUDA driver version is insufficient|server\.device: cuda|"
+            r"train\.device: cuda|evaluate\.device: cuda"
+        ),
+        "This worker has no usable CUDA device: set {devices} to `cpu`, or to `auto` (resolved on the worker the run "
+        "lands on), or run the deployment on a work queue whose worker has GPUs.",
+    ),
+    Cause(
+        "vocabulary mismatch",
+        re.compile(r"train\.draft_vocab_size asks|vocab_map\.safetensors has \d+ draft ids"),
+        "`{run_dir}/vocab_map.safetensors` was built for another draft vocabulary: set `train.draft_vocab_size` to "
+        "the number of draft ids the map has (the error names it), or run convert again with this size (stages "
+        "[convert, train, ...]), which rebuilds the map.",
+    ),
+    Cause(
+        "missing layers",
+        re.compile(r"the store holds aux layers|the store has aux layers"),
+        "The draft reads layers the store does not hold (the error names them): set `train.aux_layers` to layers "
+        "in `{run_dir}/run.json`'s aux_layers, or extract the missing ones into a new store (`extract.aux_layers` "
+        "and a new `run_dir`).",
+    ),
+    Cause(
+        "slowdown",
+        None,
+        "The draft makes serving slower (`{key}-evaluation` has both speeds): train longer or on more data, best the "
+        "target's own answers (the synthesize stage); on a worker without a GPU the speed says nothing about serving "
+        "on one: set `evaluate.fail_on_slowdown: false` there.",
+        frozenset({"DraftSlowerError"}),
+    ),
+    Cause(
+        "server start failure",
+        re.compile(
+            r"SGLang exited with code -?\d+ while starting|did not answer /health|server\.python \S+ does not "
+            r"exist|stub libcuda|port \d+ is already in use"
+        ),
+        "The SGLang server did not start: read its log (the error names it and quotes its last lines); check "
+        "`server.python` (deploy/sglang_env.sh builds it), `server.device` on this worker and a free `server.port`, "
+        "or raise `server.startup_timeout_s` for a large model; then run again.",
+    ),
+    Cause(
+        "disk",
+        re.compile(r"No space left on device|Disk quota exceeded|not enough disk"),
+        "The disk is full or over its budget (the error names the filesystem and the numbers): free space there, "
+        "raise `disk.budget_gb` or lower `disk.reserve_fraction`, or give `run_dir` a larger filesystem; then run "
+        "again: complete shards and checkpoints are kept.",
+        frozenset({"DiskBudgetError"}),
+    ),
+)
 #: By exception class name, before the stage's advice: the flow's own failures before or between tasks, and the
 #: causes within a stage that need another fix than the stage's usual one.
 ERROR_ADVICE = {
@@ -79,16 +159,35 @@ ERROR_ADVICE = {
     "says why, read in SGLang's source: docs/models.md). Run only stages that do not need SGLang (no export, "
     "`server.engine: transformers`, `evaluate.live: off`), give `extract.sglang_layer_ids` where the error says no "
     "rule is known, or train a draft for another model.",
+    "OutputsChangedError": "Served with the draft, the target gave another greedy output than without it, beyond a "
+    "near-tie (`{key}-evaluation` lists each prompt, position and top-2 gap): that is a serving bug (SGLang's EAGLE3 "
+    "path, server_patch/), not a weak draft; keep `{run_dir}/eval/` and the server logs in it for the report.",
     "ExtractIncomplete": ADVICE["extract"],
     "FanoutIncomplete": ADVICE["extract"],
     "BadSamplesFound": ADVICE["verify"],
 }
 #: The stage behind an error that a flow builds from a Failed state instead of raising it in a task.
-ERROR_STAGE = {"ExtractIncomplete": "extract", "FanoutIncomplete": "extract", "BadSamplesFound": "verify"}
+ERROR_STAGE = {
+    "ExtractIncomplete": "extract",
+    "FanoutIncomplete": "extract",
+    "BadSamplesFound": "verify",
+    "DraftSlowerError": "evaluate",
+    "OutputsChangedError": "evaluate",
+}
 DEFAULT_ADVICE = (
     "Fix the cause the first error names, then run the same deployment again: finished stages and complete "
     "shards are skipped."
 )
+
+
+#: The run directory the flow run works on once it is known (merged over the deployment's config, its {date} and
+#: {model_sha} filled in: tasks/flow_start.py), which the failure artifact is keyed by like every other artifact.
+RUN_DIR: ContextVar[str | None] = ContextVar("eagle3_failure_run_dir", default=None)
+
+
+def run_dir_is(run_dir: str) -> None:
+    """The flow run works on `run_dir` (the filled-in one): its failure report is keyed by it."""
+    RUN_DIR.set(run_dir)
 
 
 def run_dir_of(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
@@ -124,14 +223,45 @@ def stage_of(task_run_name: str) -> str:
     return task_run_name
 
 
-def advice(stage: str | None, error: BaseException | None, run_dir: str) -> str:
+def error_chain(error: BaseException | None) -> list[BaseException]:
+    """The error and the errors it was raised from or during, outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
+
+
+def cause_of(error: BaseException | None, message: str | None = None) -> Cause | None:
+    """The first of CAUSES that the error (with its causes) or the failure's message names."""
+    chain = error_chain(error)
+    kinds = {type(e).__name__ for e in chain}
+    text = "\n".join([message or "", *(error_text(e) for e in chain)])
+    return next((c for c in CAUSES if c.matches(kinds, text)), None)
+
+
+def advice(stage: str | None, error: BaseException | None, run_dir: str, message: str | None = None) -> str:
+    """The one thing to do: by the cause the error names (CAUSES), else by its class (ERROR_ADVICE), else by the
+    stage that failed (ADVICE)."""
     kind = type(error).__name__ if error is not None else ""
-    text = ERROR_ADVICE.get(kind) or ADVICE.get(stage or "") or DEFAULT_ADVICE
-    return text.format(run_dir=run_dir, key=run_prefix(run_dir))
+    cause = cause_of(error, message)
+    text = (cause.advice if cause else None) or ERROR_ADVICE.get(kind) or ADVICE.get(stage or "") or DEFAULT_ADVICE
+    devices = DEVICE_KEYS.get(stage or "", "`train.device`, `server.device` and `evaluate.device`")
+    return text.format(run_dir=run_dir, key=run_prefix(run_dir), devices=devices)
+
+
+def error_text(error: BaseException) -> str:
+    """`Type: message`; an error that relays another process's exception (`relays`, e.g. TrainFailedError: the
+    torchrun worker's `TrainError: ...`) is that exception, and its further lines (torchrun's exit, the log's path)
+    follow in parentheses."""
+    if not getattr(error, "relays", False):
+        return f"{type(error).__name__}: {error}"
+    head, _, rest = str(error).partition("\n")
+    return f"{head} ({rest})" if rest.strip() else head
 
 
 def first_error(error: BaseException | None, message: str | None) -> str:
-    text = message or (f"{type(error).__name__}: {error}" if error is not None else "failed")
+    text = message or (error_text(error) if error is not None else "failed")
     text = " ".join(text.split())
     return text if len(text) <= FIRST_ERROR_CHARS else text[: FIRST_ERROR_CHARS - 3] + "..."
 
@@ -168,7 +298,7 @@ def report_failure(run_dir: str, error: BaseException | None, message: str | Non
     else:
         what = f"the `{flow_name}` flow itself, before or between its tasks"
     error_text = first_error(error, message)
-    todo = advice(stage, error, run_dir)
+    todo = advice(stage, error, run_dir, message)
     try:
         markdown_artifact(
             run_key(run_dir, "failure"),
@@ -188,15 +318,19 @@ def reports_failure(fn: Callable[P, R]) -> Callable[P, R | State]:
 
     @functools.wraps(fn)
     def flow_body(*args: P.args, **kwargs: P.kwargs) -> R | State:
-        run_dir = run_dir_of(fn, args, kwargs)
+        given = run_dir_of(fn, args, kwargs)  # until start_flow names the run directory (a subflow: its own)
+        token = RUN_DIR.set(None)
         try:
-            result = fn(*args, **kwargs)
-        except Exception as e:
-            return report_failure(run_dir, e)
-        if isinstance(result, State) and result.is_failed():  # e.g. shards that did not complete
-            data = result.data if isinstance(result.data, BaseException) else None
-            return report_failure(run_dir, data, result.message)
-        return result
+            try:
+                result = fn(*args, **kwargs)
+            except Exception as e:
+                return report_failure(RUN_DIR.get() or given, e)
+            if isinstance(result, State) and result.is_failed():  # e.g. shards that did not complete
+                data = result.data if isinstance(result.data, BaseException) else None
+                return report_failure(RUN_DIR.get() or given, data, result.message)
+            return result
+        finally:
+            RUN_DIR.reset(token)
 
     # Prefect reads the parameters (form, validation) from the signature: the flow's own, its annotations
     # resolved in the flow's module (a string annotation would be looked up in this module).

@@ -1,6 +1,6 @@
 """preflight: refuse before the first stage what a later stage would refuse (eagle3.checks.preflight.check_run); the
-flows other than the pipeline check, before their first stage, that SGLang can serve what their stages would make
-(check_serving)."""
+flows other than the pipeline ask the same of the stages they run, on the worker they run on (check_stages: SGLang
+can serve what they make, the devices set to cuda are there, the vocabulary map fits train.draft_vocab_size)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from eagle3.checks.preflight import check_methods, check_run, check_serving
+from eagle3.checks.preflight import check_run, check_stages
 from eagle3.config import PipelineConfig
 
 PREFLIGHT_TIMEOUT_S = 10 * 60  # hashes the model directory's small files and reads a few JSON files
@@ -23,11 +23,13 @@ def preflight_task(config: PipelineConfig, model_dir: str) -> None:
     get_run_logger().info("preflight: stages %s fit %s", config.stages, config.run_dir)
 
 
-@task(name="preflight-serving", retries=0, timeout_seconds=PREFLIGHT_TIMEOUT_S, cache_policy=NO_CACHE)
-def serving_preflight_task(config: PipelineConfig, model_dir: str, stages: list[str]) -> None:
-    """Refuse, before the first of `stages` (those this flow runs), a target SGLang cannot serve an EAGLE-3 draft of
-    as the pipeline stores it, when one of them needs SGLang (extract through SGLang, export, live evaluation), and a
-    draft method that cannot train on the store's layers."""
-    only = config.model_copy(update={"stages": stages})
-    check_serving(only, Path(model_dir))
-    check_methods(only, Path(model_dir))
+@task(name="preflight-stages", retries=0, timeout_seconds=PREFLIGHT_TIMEOUT_S, cache_policy=NO_CACHE)
+def stages_preflight_task(
+    config: PipelineConfig, model_dir: str, stages: list[str], train_here: bool | None = None
+) -> None:
+    """Refuse, before the first of `stages` (those this flow runs), what they would refuse on this worker: a target
+    SGLang cannot serve an EAGLE-3 draft of as the pipeline stores it, a device set to cuda where there is none, a
+    vocabulary map built for another train.draft_vocab_size. `train_here`: training runs on this worker (None: when
+    train.nodes is 1)."""
+    check_stages(config.model_copy(update={"stages": stages}), Path(model_dir), train_here=train_here)
+    get_run_logger().info("preflight: stages %s fit %s on this worker", stages, config.run_dir)

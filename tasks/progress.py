@@ -2,12 +2,17 @@
 with the same line in the task's log; `RunProgressBoard` feeds one run-level artifact from shard tasks running at
 once. Artifact writes are API calls: progress is throttled to one write every
 `min_interval_s` (2 s), and a failed write is logged once and never fails the task that reports.
+
+A flow run that ends Crashed or Cancelled leaves no live-looking progress: every flow has `ENDS_PROGRESS` as its
+on_crashed and on_cancellation hooks, which rewrite its unfinished progress artifacts to say how it ended (last
+figures, no ETA) and end its task runs still Running the same way.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import re
 import threading
 import time
 from pathlib import Path
@@ -18,6 +23,7 @@ from prefect.artifacts import (
     create_progress_artifact,
     update_progress_artifact,
 )
+from prefect.client.schemas.objects import FlowRun, State
 from pydantic import BaseModel
 
 from eagle3.progress import Progress
@@ -40,9 +46,11 @@ def format_eta(seconds: float | None) -> str:
     return f"{h}h{m:02d}m"
 
 
-def describe(done: int, total: int, unit: str, tokens_per_s: float, eta_s: float | None, extra: str = "") -> str:
-    """The one-line progress text: `N/M samples, X tok/s, ETA Ys`."""
-    text = f"{done}/{total} {unit}, {tokens_per_s:.0f} tok/s, ETA {format_eta(eta_s)}"
+def describe(done: int, total: int, unit: str, tokens_per_s: float | None, eta_s: float | None, extra: str = "") -> str:
+    """The one-line progress text: `N/M samples, X tok/s, ETA Ys`; without the rate where the work is not tokens
+    (`tokens_per_s` None: `1/1 drafts, ETA 0s`)."""
+    rate = f", {tokens_per_s:.0f} tok/s" if tokens_per_s is not None else ""
+    text = f"{done}/{total} {unit}{rate}, ETA {format_eta(eta_s)}"
     return f"{text}, {extra}" if extra else text
 
 
@@ -112,7 +120,7 @@ class TaskProgress:
     step visibly alive: when the library reports nothing for `heartbeat_s` (loading a model, a first compiled
     step, one long sample), a background thread writes the last figures with the time since the start, to the
     artifact and the log, so every long step shows progress within its first minute and then at least every
-    `heartbeat_s`."""
+    `heartbeat_s`. `tokens=False`: the work is not measured in tokens (export's drafts): no tok/s in the text."""
 
     def __init__(
         self,
@@ -124,10 +132,12 @@ class TaskProgress:
         min_interval_s: float = 2.0,
         log_every_s: float = 10.0,
         heartbeat_s: float = HEARTBEAT_S,
+        tokens: bool = True,
     ):
         self.logger = logger
         self.label = label
         self.unit = unit
+        self.tokens = tokens
         self.own = ProgressArtifact(logger, key=key, min_interval_s=min_interval_s)
         self.log_every_s = log_every_s
         self._last_log = time.monotonic()
@@ -161,7 +171,7 @@ class TaskProgress:
     def fail(self, error: BaseException) -> None:
         """The artifact and the log say the step Failed, with its last figures and the error's first line."""
         p = self.last
-        figures = describe(p.done, p.total, self.unit, p.tokens_per_s, None) if p else "no figures yet"
+        figures = self.describe(p, None) if p else "no figures yet"
         reason = (str(error).strip().splitlines() or [""])[0][:200]
         text = (
             f"Failed after {format_eta(time.monotonic() - self._started)}: {type(error).__name__}: {reason} ({figures})"
@@ -179,10 +189,13 @@ class TaskProgress:
         now = time.monotonic()
         self._last_report = now
         p = self.last
-        figures = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s) if p else "no figures yet"
+        figures = self.describe(p, p.eta_s) if p else "no figures yet"
         text = f"{figures}; working for {format_eta(now - self._started)}"
         self.own.update(100 * p.fraction if p else 0.0, text, force=True)
         self.logger.info("%s %s %s", self.label, text_bar(p.fraction if p else 0.0), text)
+
+    def describe(self, p: Progress, eta_s: float | None, extra: str = "") -> str:
+        return describe(p.done, p.total, self.unit, p.tokens_per_s if self.tokens else None, eta_s, extra)
 
     def __call__(self, p: Progress) -> None:
         self._last_report = time.monotonic()
@@ -192,9 +205,7 @@ class TaskProgress:
         extra = ", ".join(f"{n} {k}" for k, n in (("skipped", p.skipped), ("failed", p.failed)) if n)
         if p.stage != self._stage:  # a second phase of the same call (e.g. synthesize, then tokenize)
             extra = ", ".join(x for x in (p.stage, extra) if x)
-        self.own.update(
-            100 * p.fraction, describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra), force=final
-        )
+        self.own.update(100 * p.fraction, self.describe(p, p.eta_s, extra), force=final)
         now = time.monotonic()
         if final and (p.done, p.skipped, p.failed) == self._final_logged:
             return  # the library reports its end twice (last add + finish): log it once
@@ -202,7 +213,7 @@ class TaskProgress:
             if final:
                 self._final_logged = (p.done, p.skipped, p.failed)
             self._last_log = now
-            text = describe(p.done, p.total, self.unit, p.tokens_per_s, p.eta_s, extra)
+            text = self.describe(p, p.eta_s, extra)
             self.logger.info("%s %s %s", self.label, text_bar(p.fraction), text)
 
 
@@ -260,3 +271,104 @@ def create_run_progress(run_dir: str | Path, stage: str, total: int) -> RunProgr
 def finish_run_progress(ref: RunProgressRef, done: int, description: str) -> None:
     percent = 100.0 * done / ref.total if ref.total else 100.0
     update_progress_artifact(UUID(ref.artifact_id), percent, description=description)
+
+
+# a flow run that ended before its work did -----------------------------------------------------------------------
+LIVE_PARTS = re.compile(r",? ETA [^,;]*|; working for [^,;]*")
+
+
+def ended_text(description: str | None, state_name: str) -> str:
+    """A progress line as it stands when its flow run ended `state_name`: the last figures, without the ETA."""
+    figures = LIVE_PARTS.sub("", description or "").strip(" ,;") or "no figures yet"
+    return f"{state_name}: the flow run ended at {figures}; nothing runs any more"
+
+
+def end_progress(flow_run_id: UUID, state: State) -> int:
+    """The flow run's progress artifacts below 100% that still read as live now say it ended (`Crashed: the flow
+    run ended at 50/200 samples, 236 tok/s; ...`), and its task runs still Running take the run's final state.
+    Returns how many artifacts changed."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterType,
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled, Crashed
+
+    cancelled = state.is_cancelled() or state.is_cancelling()
+    name = "Cancelled" if cancelled else state.name or "Crashed"
+    changed = 0
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]), type=ArtifactFilterType(any_=["progress"])
+            )
+        )
+        for a in artifacts:
+            text = a.description or ""
+            if float(cast(float, a.data or 0.0)) >= 100.0 or text.startswith(("Failed", f"{name}:")):
+                continue  # finished, or already says why it stopped
+            update_progress_artifact(a.id, float(cast(float, a.data or 0.0)), description=ended_text(text, name))
+            changed += 1
+        running = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])),
+            task_run_filter=TaskRunFilter(
+                state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))
+            ),
+        )
+        for tr in running:
+            message = f"the flow run ended {name}"
+            final: State[Any] = Cancelled(message=message) if cancelled else Crashed(message=message)
+            client.set_task_run_state(tr.id, final, force=True)
+    return changed
+
+
+def progress_ends_with_run(flow: Any, flow_run: FlowRun, state: State) -> None:
+    """The on_crashed / on_cancellation hook of every flow: end_progress; never raises (a hook that fails is only
+    logged by Prefect, and the run's state is already final)."""
+    try:
+        end_progress(flow_run.id, state)
+    except Exception as e:
+        logging.getLogger(__name__).warning("progress of flow run %s: not marked %s (%s)", flow_run.id, state.name, e)
+
+
+def end_stale_progress(run_dir: str | Path) -> list[UUID]:
+    """The progress of this run directory's stages that a flow run left live-looking when it ended without running
+    its hooks (its node lost; the crash automation marked it Crashed), ended as that run did (end_progress). Called
+    as the next flow run on the run directory starts; returns the flow runs it ended."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from tasks.artifacts import STAGE_ARTIFACTS
+
+    keys = sorted({run_key(run_dir, k) for ks in STAGE_ARTIFACTS.values() for k in ks if k.endswith("-progress")})
+    ended: list[UUID] = []
+    with get_client(sync_client=True) as client:
+        for key in keys:
+            latest = client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                sort=ArtifactSort.CREATED_DESC,
+                limit=1,
+            )
+            if not latest or latest[0].flow_run_id is None or latest[0].flow_run_id in ended:
+                continue
+            run_id = latest[0].flow_run_id
+            done = float(cast(float, latest[0].data or 0.0)) >= 100.0
+            if done or (latest[0].description or "").startswith(("Failed", "Crashed:", "Cancelled:")):
+                continue
+            state = client.read_flow_run(run_id).state
+            if state is not None and (state.is_crashed() or state.is_cancelled()):
+                end_progress(run_id, state)
+                ended.append(run_id)
+    return ended
+
+
+#: `@flow(..., **ENDS_PROGRESS)`: a Crashed or Cancelled run's progress says so (progress_ends_with_run).
+ENDS_PROGRESS: dict[str, Any] = {"on_crashed": [progress_ends_with_run], "on_cancellation": [progress_ends_with_run]}

@@ -32,6 +32,7 @@ from eagle3.train.job import TrainJob, read_job, write_job
 from eagle3.train.launch import (
     MetricsTail,
     TrainProcess,
+    error_file,
     finished_checkpoint,
     read_metrics,
     torchrun_command,
@@ -47,7 +48,23 @@ TABLE_EVERY_S = 120.0
 
 
 class TrainFailedError(RuntimeError):
-    """torchrun exited non-zero; the message carries the end of the log and where the whole log is."""
+    """torchrun exited non-zero. The first line is the failed worker's own exception (`TrainError: ...`, read from
+    torchrun's error file) when it raised one, the second how torchrun exited and where the whole log is; without a
+    worker exception (killed by a signal), torchrun's exit and the log's last lines."""
+
+    def __init__(self, message: str, worker_error: str | None = None):  # (message,): pickles as an exception does
+        super().__init__(message)
+        self.worker_error = worker_error
+        self.relays = worker_error is not None  # its message is the worker's: tasks/failure.py shows it as it is
+
+    @classmethod
+    def of_launch(
+        cls, code: int | None, log_path: Path, tail: list[str], worker_error: str | None, where: str = ""
+    ) -> TrainFailedError:
+        exit_line = f"torchrun exited with {code}{where}; whole log: {log_path.resolve()}"
+        if worker_error:
+            return cls(f"{worker_error}\n{exit_line}", worker_error)
+        return cls(f"{exit_line}; last lines:\n" + "\n".join(tail[-15:]))
 
 
 class TrainSummary(BaseModel):
@@ -195,7 +212,9 @@ def train_task(
     with (
         reporter.progress,
         hold_gpus(nproc, gpu_limit),
-        TrainProcess(cmd, log_path=log_path, env=train_env(nproc, os.environ, paths.inductor_cache(node))) as proc,
+        TrainProcess(
+            cmd, log_path=log_path, env=train_env(nproc, os.environ, paths.inductor_cache(node), error_file(log_path))
+        ) as proc,
     ):
         for line in proc.lines():  # what the worker prints, as it is; its progress comes from metrics.jsonl
             if line.strip():
@@ -206,12 +225,11 @@ def train_task(
     reporter.publish()
     error = None
     if code != 0:
-        tail = "\n".join(proc.tail[-15:])
         where = f" on node {node} of {config.train.nodes}" if config.train.nodes > 1 else ""
-        error = TrainFailedError(f"torchrun exited with {code}{where}; whole log: {log_path}; last lines:\n{tail}")
+        error = TrainFailedError.of_launch(code, log_path, proc.tail, proc.worker_error(), where)
     ckpt = finished_checkpoint(out, config.train) if error is None else None
     if error is None and ckpt is None:
-        error = TrainFailedError(f"torchrun exited 0 but {TrainPaths(out).checkpoints_dir} holds no final checkpoint")
+        error = TrainFailedError.of_launch(code, log_path, proc.tail, f"no final checkpoint in {paths.checkpoints_dir}")
     if error is not None:
         reporter.progress.fail(error)  # the progress artifact says Failed, not its last step
         raise error

@@ -5,15 +5,22 @@ stage checks its own part when it runs (prepare: tokenizer and data keys; synthe
 model, dtype, store dtype, aux layers); `check_run` asks all of those questions at the start, from the config,
 the model directory and the store's records (run.json, prepared/ and synthesized/ manifests), so a night's run
 fails in seconds naming the keys instead of at its third stage. It reads no sample file and loads no model.
+
+Every flow asks, before its first stage, what its stages would refuse on the worker it runs on (`check_stages`;
+the pipeline's `check_run` includes it): SGLang can serve the draft (check_serving), a device set to `cuda` is there
+(device_problems), and the vocabulary map convert built fits `train.draft_vocab_size` (vocab_problems).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from eagle3.config import PipelineConfig
+from eagle3.convert.vocab import vocab_map_sizes
 from eagle3.data.prepare import dataset_fingerprint, mixing_differences
 from eagle3.data.synthesis_key import SYNTH, check_synthesis
+from eagle3.device import nvidia_smi_present, torch_cuda_available
 from eagle3.draft.method import MethodError
 from eagle3.draft.methods import method_named
 from eagle3.extract.shard import store_dtype_of
@@ -64,17 +71,91 @@ def check_methods(cfg: PipelineConfig, model_dir: Path) -> None:
             raise PreflightError(f"train.method {name}: {e} ({where} {store_layers}; model {model_dir})") from None
 
 
+def check_stages(
+    cfg: PipelineConfig,
+    model_dir: Path,
+    *,
+    train_here: bool | None = None,
+    cuda: Callable[[], bool] = torch_cuda_available,
+    gpu_node: Callable[[], bool] = nvidia_smi_present,
+) -> None:
+    """What the stages of `cfg.stages` would refuse on this worker, refused before the first of them runs: SGLang
+    serving (ServingRefusedError), then every device and vocabulary problem in one PreflightError naming the keys
+    and the fix. `train_here`: whether training runs in this flow run's worker (None: when train.nodes is 1; the
+    nodes of a multi-node training check their own). `cuda`: this process's torch sees a GPU; `gpu_node`: the node
+    has one (a launched SGLang server's `auto`)."""
+    check_serving(cfg, model_dir)
+    check_methods(cfg, model_dir)
+    here = cfg.train.nodes == 1 if train_here is None else train_here
+    problems = device_problems(cfg, train_here=here, cuda=cuda, gpu_node=gpu_node) + vocab_problems(cfg)
+    if problems:
+        raise PreflightError("Refused before the first stage, on this worker:\n  " + "\n  ".join(problems))
+
+
+def device_problems(
+    cfg: PipelineConfig, *, train_here: bool, cuda: Callable[[], bool], gpu_node: Callable[[], bool]
+) -> list[str]:
+    """Each device key set to `cuda` that a stage of this run uses on a worker without CUDA (`auto` resolves where
+    the stage runs, so it is never refused)."""
+    stages, problems = set(cfg.stages), []
+
+    def refuse(key: str, users: list[str], seen: str) -> None:
+        problems.append(
+            f"{key}: cuda, but this worker has no CUDA device ({seen}); {', '.join(users)} would fail on it. Set "
+            f"{key} to cpu, or to auto (cuda where the worker has one), or run on a work queue whose worker has GPUs."
+        )
+
+    if train_here and "train" in stages and cfg.train.device == "cuda" and not cuda():
+        refuse("train.device", ["train"], "torch.cuda.is_available() is False")
+    if "evaluate" in stages and cfg.evaluate.device == "cuda" and not cuda():
+        refuse("evaluate.device", ["evaluate (offline)"], "torch.cuda.is_available() is False")
+    if cfg.server.device == "cuda" and not cfg.server.url:
+        sglang = cfg.server.engine == "sglang"
+        engine: list[str] = [s for s in ("prompts", "synthesize", "extract") if s in stages]
+        live = [s for s in sglang_capture_stages(cfg) if s.startswith("evaluate")]
+        launched = (engine if sglang else []) + (["evaluate (live, SGLang)"] if live else [])
+        in_process = [] if sglang else engine
+        if launched and not gpu_node():
+            refuse("server.device", launched, "no nvidia-smi: SGLang cannot run on a GPU here")
+        if in_process and not cuda():
+            refuse("server.device", in_process, "server.engine transformers; torch.cuda.is_available() is False")
+    return problems
+
+
+def vocab_problems(cfg: PipelineConfig) -> list[str]:
+    """Train without convert reads the store's vocab_map.safetensors and index as convert left them: missing, or
+    built for another train.draft_vocab_size, the trainer would refuse them after loading."""
+    if "train" not in cfg.stages or "convert" in cfg.stages:
+        return []
+    store = RunStore(cfg.run_dir)
+    missing = [p for p in (store.run_json, store.vocab_map_path, store.index_path) if not p.is_file()]
+    if missing:
+        return [
+            f"{', '.join(map(str, missing))} missing: train reads the store and what convert builds. Add extract "
+            "and convert to stages (stages: [..., extract, convert, train]), or give the run_dir of a converted store."
+        ]
+    draft, target = vocab_map_sizes(store.vocab_map_path)
+    want = min(cfg.train.draft_vocab_size, target)
+    if draft == want:
+        return []
+    return [
+        f"{store.vocab_map_path} has {draft} draft ids, train.draft_vocab_size asks {want}. Set "
+        f"train.draft_vocab_size: {draft}, or add convert to stages (stages: [convert, train, ...]): convert builds "
+        "the map again for the new size."
+    ]
+
+
 def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
     """Raise PreflightError (or the stage's own refusal: eagle3.data.synthesis_key.SynthesisMixError) naming every
-    key in which this run differs from what the store's extracted samples were made with. A store with no
-    extracted samples (no run.json) takes any settings: its stages prepare again from scratch."""
-    check_serving(cfg, model_dir)
+    key in which this run differs from what the store's extracted samples were made with, or that this worker
+    cannot run (check_stages). A store with no extracted samples (no run.json) takes any settings: its stages
+    prepare again from scratch."""
     if "extract" in cfg.stages:  # the model's depth: refused here rather than once the engine starts
         try:
             resolve_aux_layers(cfg.extract.aux_layers, read_model_facts(model_dir).num_layers)
         except ValueError as e:
             raise PreflightError(f"{e}; model {model_dir}. Fix extract.aux_layers (or leave it unset).") from None
-    check_methods(cfg, model_dir)
+    check_stages(cfg, model_dir)  # SGLang serving, the methods' layers, this worker's devices, the vocabulary map
     store = RunStore(cfg.run_dir)
     info = store.read_run_info()
     if info is None:

@@ -96,6 +96,15 @@ def read_vocab_map(path: Path) -> tuple[torch.Tensor, torch.Tensor, dict[str, st
     return d2t, t2d, meta
 
 
+def vocab_map_sizes(path: Path) -> tuple[int, int]:
+    """(draft ids, target vocabulary) of a vocab_map.safetensors, from its header alone (no tensor is read)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+        if "draft_vocab_size" in meta and "target_vocab_size" in meta:
+            return int(meta["draft_vocab_size"]), int(meta["target_vocab_size"])
+        return int(f.get_slice("d2t").get_shape()[0]), int(f.get_slice("t2d").get_shape()[0])
+
+
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, where: str, target_vocab_size: int | None = None) -> None:
     """The one check of a vocab map, wherever it is read (vocab_map.safetensors, a checkpoint, an export): every
     draft id maps to a distinct target id inside the target vocabulary, and t2d marks exactly those ids.

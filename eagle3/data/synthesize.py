@@ -70,7 +70,7 @@ from eagle3.data.synthesis_key import (
     synthesized_key,
 )
 from eagle3.data.user_turns import clean_user_text, next_user_messages, sample_seed
-from eagle3.progress import Progress, ProgressCounter, ProgressFn, no_progress
+from eagle3.progress import Progress, ProgressCounter, ProgressFn, TokenEstimate, no_progress
 from eagle3.serving.generation import GenerationClient, GenerationFailed, Server
 from eagle3.store.fsio import atomic_write_json, atomic_write_text, claim_keyed, read_json
 from eagle3.store.run_store import BadRow, Intake, PreparedManifest, RunStore, SynthesisOf
@@ -407,16 +407,22 @@ def synthesize(
     todo, done_before = _jobs(store, source, cfg.synthesize)
     n = cfg.synthesize.samples_per_prompt
     counter = LockedCounter(ProgressCounter("synthesize", source.num_samples * n, report, every_s=HEARTBEAT_S))
+    # the ETA counts tokens from the first ones, the total estimated from the samples finished (their bound before)
+    estimate = TokenEstimate([len(pending_turns(j)[1]) * cfg.synthesize.max_new_tokens for js in todo for j in js])
+    counter.counter.total_tokens = estimate.total()
     counter.add(done_before, skipped=done_before)  # the first report, before any generation
     failed: list[FailedRow] = []
 
     def on_done(job: Job, messages: list[Message], turns: list[Turn]) -> None:
         atomic_write_json(sample_checkpoint_path(store, job.sample_id), _record(job, messages, turns))
+        with counter.lock:
+            counter.counter.total_tokens = estimate.finish(sum(t.tokens for t in turns))
         counter.add(1)
 
     def on_failed(job: Job, reason: str) -> None:
         with counter.lock:
             failed.append(FailedRow(row=job.source, sample_id=job.sample_id, reason=reason))
+            counter.counter.total_tokens = estimate.drop()
         counter.add(1, failed=1)
 
     if any(todo):

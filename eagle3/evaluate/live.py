@@ -9,11 +9,16 @@ Phases, each returning its stats:
               wall time, completion tokens, and from meta_info `spec_verify_ct` (verify passes) and
               `spec_num_correct_drafts` / `spec_num_proposed_drafts`
     compare   tokens/s of each server and the speed-up; acceptance length = completion tokens / verify passes
-              over all prompts (SGLang's `spec_accept_length`, bonus token included); prompts whose outputs
-              differ (counted, not failed: bf16 verify and decode kernels can round differently)
+              over all prompts (SGLang's `spec_accept_length`, bonus token included)
+    classify  each prompt whose outputs differ, at its first differing position, asked of the plain server (still
+              up) with the top-2 log-probabilities: a near-tie (the two tokens are the target's top two, at most
+              NEAR_TIE_GAP apart: a 4-token bf16 verify and a 1-token decode may round them either way) or not.
+              Where the comparison can be exact (float32 on CPU) every difference counts; `unexplained` > 0 means
+              speculation changed the target's greedy output: a serving bug, never a weak draft.
 
 The draft server runs first, so a draft SGLang cannot serve is found before the plain run is spent. A
-speed-up below 1.0 sets `flag` and a loud `summary`: a draft that slows serving down must not pass quietly.
+speed-up below 1.0 sets `flag` and a loud `summary`: a draft that slows serving down must not pass quietly. On a CPU
+server the speed is not judged (no flag; the summary says so): SGLang's CPU drafting fallback says nothing of a GPU.
 On CPU, stock SGLang 0.5.23 cannot serve EAGLE3 (docs/sglang.md); the EAGLE3 server is started there with
 EAGLE3_CPU_SPEC=1, which makes our plugin supply what is missing for chain drafting (server_patch/cpu_spec.py;
 eagle_topk 1 only). `evaluate.live: auto` skips, without launching anything, when there is no SGLang
@@ -24,7 +29,7 @@ not a crash.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,6 +46,10 @@ from eagle3.store.run_store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
 WARMUP_TOKENS = 8
+#: The widest top-2 log-probability gap a bf16 verify may flip: bf16 keeps 8 bits of mantissa, so logits of 10-30
+#: round by up to ~0.06-0.12 each, and their difference by twice that.
+NEAR_TIE_GAP = 0.25
+NOT_JUDGED_ON_CPU = "speed not judged on CPU: SGLang's CPU drafting fallback says nothing about serving on a GPU"
 #: The plugin's switch for EAGLE3 on a CPU server (server_patch/cpu_spec.py).
 #: Log lines by which SGLang 0.5.23 (or the plugin's CPU fallback) says it cannot run EAGLE3 here (docs/sglang.md).
 UNSUPPORTED_SIGNS = (
@@ -81,6 +90,19 @@ class ServerRun(BaseModel):
     prompts: list[PromptRun]
 
 
+class OutputDifference(BaseModel):
+    """Where one prompt's EAGLE3 output first leaves the plain server's, and whether that is a near-tie."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: int
+    position: int
+    plain_token: int | None  # None: the plain output ended there
+    eagle3_token: int | None
+    top2: list[tuple[int, float]] = Field(description="the plain target's two likeliest tokens there: (id, logprob)")
+    gap: float | None = Field(None, description="top-1 minus top-2 log-probability")
+    near_tie: bool
+
+
 class LiveEvalResult(BaseModel):
     """<run_dir>/eval/live.json."""
 
@@ -100,6 +122,11 @@ class LiveEvalResult(BaseModel):
     accept_length: float | None = None
     mismatched_prompts: int | None = Field(None, description="prompts whose greedy outputs differ")
     first_mismatch: list[int | None] | None = Field(None, description="per prompt: first differing position")
+    exact: bool = Field(False, description="float32 on CPU: outputs must be identical, near-ties included")
+    differences: list[OutputDifference] = Field(default_factory=list, description="each differing prompt, classified")
+    unexplained: int | None = Field(
+        None, description="differences that are not near-ties (every difference where `exact`): a serving bug"
+    )
     flag: bool = Field(False, description="speed-up below 1.0: the draft makes serving slower")
     summary: str
     created_at: str = Field(default_factory=now)
@@ -136,6 +163,20 @@ def generate_one(
     if not isinstance(ids, list):
         raise LiveEvalError(f"{url}/generate returned no output_ids (is the server run with --skip-tokenizer-init?)")
     return [int(t) for t in ids], meta, seconds
+
+
+def top2_at(client: httpx.Client, url: str, ids: Sequence[int], timeout_s: float) -> list[tuple[int, float]]:
+    """The server's two likeliest next tokens after `ids`, with their log-probabilities (one greedy token asked with
+    SGLang's top_logprobs_num)."""
+    body = {"input_ids": list(ids), "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+            "return_logprob": True, "top_logprobs_num": 2}  # fmt: skip
+    r = client.post(f"{url}/generate", json=body, timeout=timeout_s)
+    if r.status_code != 200:
+        raise LiveEvalError(f"{url}/generate (top_logprobs_num 2) answered {r.status_code}: {r.text[:500]}")
+    tops = (r.json().get("meta_info") or {}).get("output_top_logprobs") or [None]
+    if not tops[0]:
+        raise LiveEvalError(f"{url}/generate returned no meta_info.output_top_logprobs for top_logprobs_num 2")
+    return [(int(token), float(logprob)) for logprob, token, *_ in tops[0]]
 
 
 def measure(
@@ -196,21 +237,75 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def classify(
+    plain_out: Sequence[Sequence[int]],
+    eagle3_out: Sequence[Sequence[int]],
+    top2: Callable[[int, int], list[tuple[int, float]]],
+    *,
+    exact: bool,
+) -> list[OutputDifference]:
+    """Each prompt whose outputs differ, at its first differing position: `top2(prompt, position)` is the plain
+    target's top two there. A near-tie unless `exact` (float32 on CPU, where verify and decode compute alike)."""
+    out = []
+    for i, (a, b) in enumerate(zip(plain_out, eagle3_out, strict=True)):
+        d = first_difference(a, b)
+        if d is None:
+            continue
+        best = top2(i, d)
+        plain_token, eagle3_token = (a[d] if d < len(a) else None), (b[d] if d < len(b) else None)
+        gap = best[0][1] - best[1][1] if len(best) >= 2 else None
+        top_two = {t for t, _ in best[:2]}
+        near = (not exact and gap is not None and gap <= NEAR_TIE_GAP
+                and eagle3_token in top_two and (plain_token is None or plain_token in top_two))  # fmt: skip
+        out.append(OutputDifference(prompt=i, position=d, plain_token=plain_token, eagle3_token=eagle3_token,
+                                    top2=best, gap=gap, near_tie=near))  # fmt: skip
+    return out
+
+
+def differences_text(diffs: Sequence[OutputDifference], exact: bool) -> str:
+    """`2 near-ties, 1 not (prompt 3 at 17: gap 1.84)`, or `identical required (float32 on CPU)`."""
+    if not diffs:
+        return ""
+    wrong = [d for d in diffs if not d.near_tie]
+    where = ", ".join(f"prompt {d.prompt} at {d.position}: gap {d.gap:.3f}" if d.gap is not None else
+                      f"prompt {d.prompt} at {d.position}" for d in wrong[:3])  # fmt: skip
+    if exact:
+        return f" (float32 on CPU must be identical: {where})"
+    near = len(diffs) - len(wrong)
+    return f" ({near} near-ties" + (f", {len(wrong)} not: {where})" if wrong else ")")
+
+
 def compare(
-    plain: ServerRun, eagle3: ServerRun, plain_out: Sequence[Sequence[int]], eagle3_out: Sequence[Sequence[int]]
+    plain: ServerRun,
+    eagle3: ServerRun,
+    plain_out: Sequence[Sequence[int]],
+    eagle3_out: Sequence[Sequence[int]],
+    *,
+    differences: Sequence[OutputDifference] = (),
+    exact: bool = False,
+    judge_speed: bool = True,
 ) -> dict[str, Any]:
-    """speed_up, accept_length, mismatches, flag and the one-line summary."""
+    """speed_up, accept_length, mismatches and their classification, flag and the one-line summary. `judge_speed`
+    off (a CPU server): no flag, and the summary says the speed is not judged."""
     speed_up = eagle3.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s > 0 else 0.0
     diffs = [first_difference(a, b) for a, b in zip(plain_out, eagle3_out, strict=True)]
     mismatched = sum(d is not None for d in diffs)
-    flag = speed_up < 1.0
+    flag = judge_speed and speed_up < 1.0
+    unexplained = sum(not d.near_tie for d in differences)
     acc = f"{eagle3.accept_length:.2f}" if eagle3.accept_length is not None else "n/a"
     line = (
         f"EAGLE3 {eagle3.tokens_per_s:.1f} tok/s vs plain {plain.tokens_per_s:.1f} tok/s: {speed_up:.2f}x, "
-        f"accept length {acc}, {mismatched}/{len(diffs)} outputs differ"
+        f"accept length {acc}, {mismatched}/{len(diffs)} outputs differ{differences_text(differences, exact)}"
     )
+    if not judge_speed:
+        line += f"; {NOT_JUDGED_ON_CPU}"
     summary = f"FLAGGED: the draft makes serving SLOWER. {line}" if flag else line
+    if unexplained:
+        summary = f"OUTPUTS CHANGED: speculation changed {unexplained} greedy output(s) beyond a near-tie. {summary}"
     return {
+        "exact": exact,
+        "differences": list(differences),
+        "unexplained": unexplained,
         "speed_up": speed_up,
         "accept_length": eagle3.accept_length,
         "mismatched_prompts": mismatched,
@@ -233,9 +328,11 @@ def serve_and_measure(
     base_env: Mapping[str, str],
     port: int | None = None,
     counter: ProgressCounter | None = None,
+    then: Callable[[str, list[list[int]]], None] | None = None,
 ) -> tuple[ServerRun, list[list[int]]]:
-    """Launch SGLang (server section + extra_args), measure the prompts, stop it. Raises ServerError if it
-    does not start (the message quotes its log)."""
+    """Launch SGLang (server section + extra_args), measure the prompts, `then(url, outputs)` while it is still up
+    (the plain server classifies the differences), stop it. Raises ServerError if it does not start (the message
+    quotes its log)."""
     cfg = server.model_copy(update={"url": None, "extra_args": [*server.extra_args, *extra_args]})
     launched = SGLangServer(cfg, model_dir, dump_dir=None, layers=None, log_dir=log_dir, base_env=base_env, port=port)
     t0 = time.monotonic()
@@ -245,6 +342,8 @@ def serve_and_measure(
             launched.url, prompts, label=label, max_new_tokens=evaluate.max_new_tokens,
             timeout_s=evaluate.request_timeout_s, counter=counter,
         )  # fmt: skip
+        if then is not None:
+            then(launched.url, out)
     return run.model_copy(update={"startup_s": startup, "server_args": extra_args}), out
 
 
@@ -322,12 +421,16 @@ def evaluate_live(
     counter = ProgressCounter("evaluate-live", total=2 * len(prompts), report=progress)
 
     def serve(
-        label: Literal["plain", "eagle3"], extra: list[str], env: Mapping[str, str] | None = None
+        label: Literal["plain", "eagle3"],
+        extra: list[str],
+        env: Mapping[str, str] | None = None,
+        then: Callable[[str, list[list[int]]], None] | None = None,
     ) -> tuple[ServerRun, list[list[int]]]:
         cfg = server.model_copy(update={"env": {**server.env, **(env or {})}})
         return serve_and_measure(
             cfg, model_dir, extra, prompts, label=label, evaluate=evaluate,
             log_dir=RunPaths(run_dir).eval_server_log_dir(label), base_env=base_env, port=port, counter=counter,
+            then=then,
         )  # fmt: skip
 
     try:
@@ -346,13 +449,22 @@ def evaluate_live(
             },
             method,
         )
-    plain, plain_out = serve("plain", [])
+    exact = device == "cpu" and server.dtype == "float32"
+    differences: list[OutputDifference] = []
+
+    def classify_on(url: str, plain_out: list[list[int]]) -> None:  # the plain server, still up
+        with httpx.Client() as client:
+
+            def top2(i: int, d: int) -> list[tuple[int, float]]:
+                return top2_at(client, url, [*prompts[i], *plain_out[i][:d]], evaluate.request_timeout_s)
+
+            differences.extend(classify(plain_out, eagle3_out, top2, exact=exact))
+
+    plain, plain_out = serve("plain", [], then=classify_on)
     counter.finish()
-    return _write(
-        run_dir,
-        {**base, "status": "ok", "plain": plain, "eagle3": eagle3, **compare(plain, eagle3, plain_out, eagle3_out)},
-        method,
-    )
+    compared = compare(plain, eagle3, plain_out, eagle3_out, differences=differences, exact=exact,
+                       judge_speed=device != "cpu")  # fmt: skip
+    return _write(run_dir, {**base, "status": "ok", "plain": plain, "eagle3": eagle3, **compared}, method)
 
 
 def read_live_result(run_dir: Path, method: str = FIRST_METHOD) -> LiveEvalResult | None:

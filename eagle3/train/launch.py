@@ -10,7 +10,8 @@
 torchrun dies with its parent and each worker with torchrun (PR_SET_PDEATHSIG on Linux: torchrun puts
 every worker in a session of its own, so a group signal would not reach them), and `stop()` (or leaving
 the `with` block early) sends SIGTERM, waits, then SIGKILL: a cancelled or crashed flow run never leaves a
-trainer holding GPUs.
+trainer holding GPUs. A worker that raises leaves its exception in torchrun's error file (the worker's `@record`;
+torchrun copies the first failed rank's file to TORCHELASTIC_ERROR_FILE, beside the log): `proc.worker_error()`.
 """
 
 from __future__ import annotations
@@ -64,30 +65,57 @@ def torchrun_command(
     return [*head, *where, "--nproc_per_node", str(nproc), "-m", "eagle3.train.worker", str(job_path)]
 
 
-def train_env(nproc: int, base: Mapping[str, str], compile_cache: Path | None = None) -> dict[str, str]:
+def train_env(
+    nproc: int, base: Mapping[str, str], compile_cache: Path | None = None, error_path: Path | None = None
+) -> dict[str, str]:
     """The workers' environment: unbuffered output (or the log arrives at exit), a CPU thread share per worker
     (torchrun sets OMP_NUM_THREADS=1 otherwise, which makes a CPU run crawl), and NCCL's async error handling, so
     a collective that outlives train.peer_timeout_s (a peer node gone) aborts the process instead of hanging.
     `compile_cache`: torch.compile's cache (TrainPaths.inductor_cache): kept with the training, so a resume skips
     the minutes of cold compilation (240 s for an 8B-shaped draft; 3.5 s warm). One exported by the caller wins.
-    `base`: the caller's environment (the train task passes its os.environ), which the workers inherit."""
+    `base`: the caller's environment (the train task passes its os.environ), which the workers inherit.
+    `error_path`: torchrun's TORCHELASTIC_ERROR_FILE (error_file(log): the failed worker's exception, read back by
+    TrainProcess.worker_error)."""
     env = dict(base)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if compile_cache is not None:
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(compile_cache))
+    if error_path is not None:
+        env["TORCHELASTIC_ERROR_FILE"] = str(error_path.resolve())
     return env
+
+
+def error_file(log_path: Path) -> Path:
+    """Where torchrun leaves the exception of the first worker that failed, beside its log: train.error.json."""
+    return log_path.with_suffix(".error.json")
+
+
+def read_worker_error(path: Path) -> str | None:
+    """The failed worker's exception, `TrainError: ...` (type and message, as torch's ErrorHandler wrote it), from
+    torchrun's error file; None when there is none (a worker killed by a signal writes nothing)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    message = data.get("message") if isinstance(data, dict) else None
+    if isinstance(message, dict):  # {"message": {"message": "Type: text", "extraInfo": {...}, "errorCode": N}}
+        message = message.get("message")
+    text = str(message or "").strip()
+    return text or None
 
 
 class TrainProcess:
     def __init__(self, cmd: list[str], *, log_path: Path, env: dict[str, str] | None = None, cwd: Path | None = None):
         self.cmd, self.log_path, self.env, self.cwd = cmd, Path(log_path), env, cwd
+        self.error_file = error_file(self.log_path)  # where train_env(..., error_file=) has torchrun write
         self.proc: subprocess.Popen[str] | None = None
         self.tail: list[str] = []  # the last lines, for error messages
 
     def __enter__(self) -> TrainProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.error_file.unlink(missing_ok=True)  # a resumed launch's error is its own
         self.proc = subprocess.Popen(
             self.cmd,
             stdout=subprocess.PIPE,
@@ -113,6 +141,10 @@ class TrainProcess:
                 self.tail = [*self.tail[-39:], line.rstrip("\n")]
                 yield line.rstrip("\n")
         self.proc.wait()
+
+    def worker_error(self) -> str | None:
+        """The exception of the first worker that failed in this launch (`ValueError: ...`), or None."""
+        return read_worker_error(self.error_file)
 
     @property
     def returncode(self) -> int | None:

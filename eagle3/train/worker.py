@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from eagle3.device import torch_device
 from eagle3.lifetime import die_with_parent
@@ -31,6 +32,7 @@ def _print_progress(p: Progress) -> None:
     print(p.describe(), flush=True)
 
 
+@record  # an exception is written to torchrun's error file, which the train task reads back (TrainFailedError)
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:

@@ -61,3 +61,22 @@ def test_a_failure_of_the_flow_itself_is_reported_with_its_error(prefect_server:
     message, markdown = failure_of(retry_failed_flow(str(run_dir), return_state=True), run_dir)
     assert message.startswith("run-config failed: NoStoreError: ") and "is not a store" in message
     assert f"`{run_dir}` holds no store" in markdown and "nothing here to verify or retry" in markdown
+
+
+def test_a_templated_run_dir_keys_the_failure_and_names_the_run_with_its_filled_value(
+    prefect_server: str, tmp_path: Path, demo_model: Path
+) -> None:
+    from prefect.client.orchestration import get_client
+
+    from eagle3.target.files import model_fingerprint
+    from flows.pipeline import pipeline
+
+    template = str(tmp_path / "ui-grow-{model_sha}")
+    cfg = load_config(None, [f"run_dir={template}", f"model={demo_model}", f"data.dataset={tmp_path / 'none.jsonl'}",
+                             "stages=[prepare]"])  # fmt: skip
+    state = pipeline(cfg, return_state=True)
+    run_dir = Path(template.format(model_sha=model_fingerprint(demo_model)[:12]))
+    message, markdown = failure_of(state, run_dir)  # keyed `ui-grow-<sha>-failure`, as the store's other artifacts
+    assert message.startswith("prepare failed: ") and f"`{run_dir.resolve()}`" in markdown
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(state.state_details.flow_run_id).name == f"pipeline {run_dir}"

@@ -134,7 +134,8 @@ def test_the_pipeline_trains_exports_and_evaluates_the_draft(demo_run: tuple[Pat
     if SGLANG_PYTHON.exists():  # `make test` builds it
         assert live["status"] == "ok", live["summary"]
         assert live["eagle3"]["completion_tokens"] > 0 and 1.0 <= live["accept_length"] <= 3.0
-        assert live["flag"] == (live["speed_up"] < 1.0)  # flagged when slower; fail_on_slowdown off: run goes on
+        assert not live["flag"] and "speed not judged on CPU" in live["summary"]  # the CPU fallback's speed
+        assert live["unexplained"] == 0, live["differences"]  # outputs differ only at near-ties (run Completed)
         assert (root / "eval" / "server-eagle3" / "sglang.log").is_file()
     else:  # evaluate.live auto skips, saying how to build the environment
         assert live["status"] == "skipped" and "make sglang-env" in live["reason"]

@@ -25,11 +25,11 @@ KEPT = {
     "extract-fanout": {"extract.share_run_dir": False},
     "extract-node": {"extract.share_run_dir": True},
     "convert": {"stages": ["convert"]},
-    "train": {
+    "train": {  # devices `auto`: resolved on the worker the run lands on
         "stages": ["train", "export", "evaluate"],
-        "train.device": "cuda",
-        "server.device": "cuda",
-        "evaluate.device": "cuda",
+        "train.device": "auto",
+        "server.device": "auto",
+        "evaluate.device": "auto",
     },
     "grow": {"stages": ["prepare", "extract", "convert", "train", "export", "evaluate"], "train.init": "previous"},
 }

@@ -4,8 +4,8 @@ plain_server  one plain SGLang server of the demo model (bf16, no hidden-state h
               send it requests: the prompts stage with multi-sample synthesize, the live measurement. An SGLang
               start costs about a minute of both cores here; tests that kill, hang or reconfigure a server, or
               compare greedy outputs across runs (bf16 numerics depend on batching), start their own.
-demo_store    a converted float32 demo store the target wrote itself (synthesize, extract, convert: ~10 s), shared by the
-              retraining tests and the golden curve (test_retrain.py, test_golden_curve.py); they train into
+demo_store    a converted float32 demo store the target wrote itself (synthesize, extract, convert: ~10 s), shared by
+              the retraining tests and the golden curve (test_retrain.py, test_golden_curve.py); they train into
               directories of their own and leave its samples as they are.
 """
 

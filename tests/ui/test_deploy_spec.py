@@ -142,7 +142,8 @@ def test_every_form_requires_its_own_run_dir_and_starts_without_one() -> None:
 
 def test_the_config_a_deployment_sets_stays_in_its_parameters_shown_or_not() -> None:
     """The flow merges a run's config over these (tasks/deployment_config.py): convert's stages: [convert] and
-    train's cuda devices reach every run, also when the form does not show them."""
+    train's stages reach every run, also when the form does not show them; train's devices are left `auto`, to
+    follow the worker the run lands on."""
     forms = deployment_forms()
     for name, entry, _, params in forms:
         own = leaf((entry.get("parameters") or {}).get("config") or {})
@@ -150,7 +151,8 @@ def test_the_config_a_deployment_sets_stays_in_its_parameters_shown_or_not() -> 
     convert = next(p for n, _, _, p in forms if n == "convert")
     assert convert["config"]["stages"] == ["convert"]
     train = next(p for n, _, _, p in forms if n == "train")
-    assert train["config"]["server"] == {"device": "cuda"} and train["config"]["evaluate"] == {"device": "cuda"}
+    assert train["config"]["stages"] == ["train", "export", "evaluate"]
+    assert "server" not in train["config"] and "evaluate" not in train["config"]  # devices follow the worker
 
 
 def test_each_form_shows_only_the_config_its_stages_read() -> None:

@@ -15,7 +15,7 @@ from tests.deploy_module import deployments_module
 REPO = Path(__file__).resolve().parents[2]
 #: Settings each deployment sets itself, which a run giving only run_dir (and one other key) keeps.
 KEPT = {
-    "train": {"stages", "server.device", "train.device", "evaluate.device"},
+    "train": {"stages"},  # devices `auto`: they follow the worker the run lands on
     "convert": {"stages"},
     "extract-node": {"extract.share_run_dir"},
     "grow": {"stages", "data.dataset", "train.init", "train.min_new_tokens"},

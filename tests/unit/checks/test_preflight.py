@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from eagle3.checks.preflight import PreflightError, check_run
+from eagle3.checks.preflight import PreflightError, check_run, check_stages
 from eagle3.config import PipelineConfig
+from eagle3.convert.vocab import select_vocab, write_vocab_map
 from eagle3.data.synthesis_key import SynthesisMixError, settings_fingerprint, synthesized_key
 from eagle3.extract.shard import store_dtype_of
 from eagle3.serving.aux_layers import resolve_aux_layers
@@ -246,7 +248,7 @@ def test_a_method_whose_layers_the_store_lacks_is_refused_before_training_naming
              r".*extract.aux_layers: \[2, 5, 6, 9\]")
     with pytest.raises(PreflightError, match=named):
         check_run(cfg, model)
-    check_run(config(tmp_path, stages=["train"], train={"methods": ["eagle3", "eagle3.1"]}), model)
+    check_run(config(tmp_path, stages=["convert", "train"], train={"methods": ["eagle3", "eagle3.1"]}), model)
     five = config(tmp_path / "b", stages=["extract", "convert", "train"], extract={"aux_layers": [1, 2, 5, 6, 9]},
                   train={"aux_layers": [2, 6, 9]})  # fmt: skip
     check_run(five, model)  # the layers this run extracts hold the draft's three
@@ -272,3 +274,50 @@ def test_an_unknown_method_and_a_repeated_one_are_refused_naming_the_key() -> No
     assert PipelineConfig().train.trained_methods() == ["eagle3"]
     assert PipelineConfig.model_validate({"train": {"methods": ["eagle3.1", "eagle3"]}}).train.trained_methods() == [
         "eagle3.1", "eagle3"]  # fmt: skip
+
+
+NO_GPU = {"cuda": lambda: False, "gpu_node": lambda: False}
+
+
+def test_a_device_set_to_cuda_on_a_worker_without_one_is_refused_naming_each_key(tmp_path: Path, model: Path) -> None:
+    cuda = {"device": "cuda"}
+    cfg = config(tmp_path, ["extract", "convert", "train", "evaluate"], train=cuda, evaluate={**cuda, "live": "on"},
+                 server={**cuda, "engine": "sglang"})  # fmt: skip
+    with pytest.raises(PreflightError) as e:
+        check_stages(cfg, model, **NO_GPU)
+    msg = str(e.value)
+    for key, users in (("train.device", "train"), ("evaluate.device", "evaluate (offline)"),
+                       ("server.device", "extract, evaluate (live, SGLang)")):  # fmt: skip
+        assert f"{key}: cuda, but this worker has no CUDA device" in msg and f"; {users} would fail" in msg, msg
+        assert f"Set {key} to cpu, or to auto" in msg
+    check_stages(cfg, model, cuda=lambda: True, gpu_node=lambda: True)  # a GPU worker: nothing refused
+    nodes = config(tmp_path, ["convert", "train"], train={**cuda, "nodes": 2})  # the nodes check their own device
+    check_stages(nodes, model, **NO_GPU)
+    with pytest.raises(PreflightError, match=r"train\.device: cuda"):
+        check_stages(nodes, model, train_here=True, **NO_GPU)  # the train-node flow on its node
+    auto = config(tmp_path, ["extract", "convert", "train", "evaluate"])  # `auto` resolves where the stage runs
+    check_stages(auto, model, **NO_GPU)
+    transformers = config(tmp_path, ["extract"], server=cuda)  # the engine in this process: torch's view
+    with pytest.raises(PreflightError, match=r"server.device: cuda.*server.engine transformers"):
+        check_stages(transformers, model, cuda=lambda: False, gpu_node=lambda: True)
+
+
+def test_train_without_convert_is_refused_when_the_vocabulary_map_does_not_fit_or_is_missing(
+    tmp_path: Path, model: Path
+) -> None:
+    cfg = config(tmp_path, ["train", "export"], evaluate={"live": "off"}, train={"draft_vocab_size": 80})
+    with pytest.raises(PreflightError, match=r"vocab_map.safetensors, .*index.arrow missing: train reads"):
+        check_stages(cfg, model)
+    store = made_by(cfg, model)
+    store.index_path.write_bytes(b"")
+    write_vocab_map(store.vocab_map_path, select_vocab(torch.arange(100), 64))
+    with pytest.raises(PreflightError) as e:
+        check_run(cfg, model)  # the pipeline asks the same
+    assert (
+        f"{store.vocab_map_path} has 64 draft ids, train.draft_vocab_size asks 80. Set train.draft_vocab_size: 64"
+        in (str(e.value))
+    )
+    check_stages(cfg.model_copy(update={"stages": ["convert", "train"]}), model)  # convert builds it again
+    check_stages(config(tmp_path, ["train"], train={"draft_vocab_size": 64}), model)
+    write_vocab_map(store.vocab_map_path, select_vocab(torch.arange(100), 100))  # the whole target vocabulary
+    check_stages(config(tmp_path, ["train"], train={"draft_vocab_size": 5000}), model)  # asks for more: capped

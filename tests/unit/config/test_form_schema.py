@@ -52,3 +52,13 @@ def test_no_form_field_offers_a_null_choice_and_what_is_sent_validates(entry: di
     validate(params, schema, raise_on_error=True)
     explicit_null = {"config": {"run_dir": "data/runs/x", "train": {"max_steps": None}, "server": {"url": None}}}
     validate(explicit_null, schema, raise_on_error=True)  # `--params` with a null still passes (Prefect's own rule)
+
+
+def test_the_pipeline_form_says_what_its_defaults_cost_on_a_cpu_worker() -> None:
+    from prefect.flows import load_flow_from_entrypoint
+
+    d = deployments_module()
+    (entry,) = [e for e in d.load_spec()["deployments"] if e["name"] == "pipeline"]
+    flow: Any = load_flow_from_entrypoint(str(REPO / entry["entrypoint"]))
+    described = d.form_schema(flow, entry).model_dump()["properties"]["config"]["description"]
+    assert described.startswith("On a CPU worker these defaults take over 30 min")

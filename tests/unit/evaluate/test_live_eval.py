@@ -17,11 +17,13 @@ from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.evaluate.live import (
     LiveEvalError,
     PromptRun,
+    classify,
     compare,
     evaluate_live,
     first_difference,
     measure,
     summarize,
+    top2_at,
     unsupported_reason,
 )
 from eagle3.serving.server import ServerError
@@ -38,6 +40,8 @@ def fake_generate(speculating: bool, new_tokens: int = 6) -> type[BaseHTTPReques
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             n = min(new_tokens, body["sampling_params"]["max_new_tokens"])
             meta: dict[str, Any] = {"prompt_tokens": len(body["input_ids"]), "completion_tokens": n}
+            if body.get("return_logprob"):  # SGLang's [logprob, token id, text] per top token of each output token
+                meta["output_top_logprobs"] = [[[-0.7, 100, None], [-0.8, 101, None]][: body["top_logprobs_num"]]]
             if speculating:  # 3 verify passes of a 3-step chain, 3 of 9 drafts accepted
                 meta.update(spec_verify_ct=3, spec_accept_length=n / 3, spec_num_correct_drafts=3,
                             spec_num_proposed_drafts=9)  # fmt: skip
@@ -96,6 +100,38 @@ def test_a_slower_draft_is_flagged_loudly_and_mismatches_are_counted() -> None:
 
     faster = compare(plain, _run("eagle3", 64, 0.5, verify=20), [[1]], [[1]])
     assert faster["flag"] is False and faster["speed_up"] == pytest.approx(2.0) and "FLAGGED" not in faster["summary"]
+
+
+@pytest.mark.parametrize("fake_server", [False], indirect=True)
+def test_the_top_two_next_tokens_are_read_from_sglangs_top_logprobs(fake_server: str) -> None:
+    import httpx
+
+    with httpx.Client() as client:
+        assert top2_at(client, fake_server, [1, 2, 3], 10.0) == [(100, -0.7), (101, -0.8)]
+
+
+def test_differing_outputs_are_near_ties_only_between_the_top_two_within_the_gap_and_never_in_float32() -> None:
+    plain = [[1, 2, 3], [4, 5, 6], [7, 8], [9]]
+    eagle3 = [[1, 2, 3], [4, 5, 7], [7, 2], [9]]
+    tops = {(1, 2): [(6, -0.50), (7, -0.60)], (2, 1): [(8, -0.10), (2, -3.00)]}  # a near-tie; a clear choice
+    diffs = classify(plain, eagle3, lambda i, d: tops[(i, d)], exact=False)
+    assert [(d.prompt, d.position, d.near_tie) for d in diffs] == [(1, 2, True), (2, 1, False)]
+    assert diffs[0].gap == pytest.approx(0.1) and diffs[1].gap == pytest.approx(2.9)
+    assert (diffs[1].plain_token, diffs[1].eagle3_token) == (8, 2)
+    run = _run("plain", 8, 1.0), _run("eagle3", 8, 1.0, verify=4)
+    got = compare(*run, plain, eagle3, differences=diffs)
+    assert got["unexplained"] == 1 and got["summary"].startswith("OUTPUTS CHANGED: speculation changed 1 greedy")
+    assert "2/4 outputs differ (1 near-ties, 1 not: prompt 2 at 1: gap 2.900)" in got["summary"]
+    exact = classify(plain, eagle3, lambda i, d: tops[(i, d)], exact=True)  # float32 on CPU: identical or wrong
+    assert [d.near_tie for d in exact] == [False, False]
+    assert "float32 on CPU must be identical" in compare(*run, plain, eagle3, differences=exact, exact=True)["summary"]
+    same = compare(*run, plain, plain, differences=classify(plain, plain, lambda i, d: [], exact=True), exact=True)
+    assert same["unexplained"] == 0 and "OUTPUTS CHANGED" not in same["summary"]
+
+
+def test_on_a_cpu_server_a_slower_draft_is_not_judged() -> None:
+    got = compare(_run("plain", 64, 1.0), _run("eagle3", 64, 2.0, verify=40), [[1]], [[1]], judge_speed=False)
+    assert got["flag"] is False and "FLAGGED" not in got["summary"] and "speed not judged on CPU" in got["summary"]
 
 
 def test_first_difference_counts_a_shorter_output_as_a_difference() -> None:

@@ -208,3 +208,18 @@ def test_model_tiny_names_the_architectures_it_can_build_when_given_another(
     err = capsys.readouterr().err
     assert "'FooForCausalLM'" in err and err.count("DeepseekV3ForCausalLM, GptOssForCausalLM") == 2
     assert not (tmp_path / "models").exists()  # nothing built
+
+
+def test_a_failed_run_that_wrote_no_store_does_not_point_at_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from prefect.states import Completed, Failed
+
+    from flows.cli import EXIT_FAILED, EXIT_OK, report_flow_state
+
+    never = tmp_path / "never"
+    assert report_flow_state(Failed(message="prepare failed: ..."), never, "data/runs/never") == EXIT_FAILED
+    out = capsys.readouterr().out
+    assert f"store:  none written (the run stopped before it created {never})" in out and "eagle3 status" not in out
+    assert report_flow_state(Completed(), tmp_path, "data/runs/x") == EXIT_OK
+    assert f"store:  {tmp_path}   (inspect: eagle3 status data/runs/x)" in capsys.readouterr().out

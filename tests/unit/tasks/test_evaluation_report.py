@@ -64,6 +64,28 @@ def test_with_fail_on_slowdown_off_a_slower_draft_is_still_flagged_but_the_run_d
     assert evaluation_outcome(cfg, summary) is None
 
 
+def test_an_output_changed_beyond_a_near_tie_is_listed_and_fails_the_run_with_its_own_advice() -> None:
+    from eagle3.evaluate.live import OutputDifference
+    from tasks.failure import advice
+
+    diffs = [
+        OutputDifference(prompt=1, position=5, plain_token=6, eagle3_token=7, top2=[(6, -0.5), (7, -0.6)], gap=0.1,
+                         near_tie=True),
+        OutputDifference(prompt=3, position=2, plain_token=8, eagle3_token=2, top2=[(8, -0.1), (9, -3.0)], gap=2.9,
+                         near_tie=False),
+    ]  # fmt: skip
+    changed = live(1.8).model_copy(update={"differences": diffs, "unexplained": 1, "summary": "OUTPUTS CHANGED: x"})
+    summary = EvalSummary(offline=offline(), live=changed)
+    text = evaluation_markdown(PipelineConfig(), summary)
+    assert "| 1 | 5 | 6 | 7 | 6: -0.500, 7: -0.600 | 0.100 | yes |" in text
+    assert "| 3 | 2 | 8 | 2 | 8: -0.100, 9: -3.000 | 2.900 | **no** |" in text
+    state = evaluation_outcome(PipelineConfig(), summary)
+    assert state is not None and state.is_failed() and "changed the target's greedy output" in (state.message or "")
+    assert "a serving bug" in advice(None, state.data, "data/runs/x")  # type: ignore[arg-type]
+    near_ties_only = changed.model_copy(update={"unexplained": 0})
+    assert evaluation_outcome(PipelineConfig(), EvalSummary(offline=offline(), live=near_ties_only)) is None
+
+
 def test_a_faster_draft_passes_and_the_table_carries_its_numbers() -> None:
     summary = EvalSummary(offline=offline(), live=live(1.8))
     text = evaluation_markdown(PipelineConfig(), summary)

@@ -10,7 +10,7 @@ from uuid import UUID, uuid4
 import pytest
 
 import tasks.progress as prog
-from eagle3.progress import Progress, ProgressCounter
+from eagle3.progress import Progress, ProgressCounter, TokenEstimate
 from tasks.progress import RunProgressBoard, RunProgressRef
 
 
@@ -35,6 +35,21 @@ def test_the_counter_carries_the_settled_tokens_into_its_figures() -> None:
     assert (p.done, p.tokens, p.settled_tokens, p.total_tokens) == (4, 300, 550, 850)
     assert p.eta_s == 0.0  # every token is done or settled
     assert seen[0].settled_tokens == 500 and seen[0].total_tokens == 850
+
+
+def test_generation_has_an_eta_from_its_first_tokens_before_any_sample_finished() -> None:
+    # synthesize: 4 samples of at most 2 turns x 64 tokens; 32 tokens generated in 4 s, no sample finished yet
+    estimate = TokenEstimate([128, 128, 128, 128])
+    assert Progress("synthesize", 0, 4, 32, 4.0, total_tokens=estimate.total()).eta_s == pytest.approx(480 / 8)
+    # once samples finish, the rest are estimated at their mean (40 tokens), a failed one at nothing
+    estimate.finish(30)
+    assert estimate.finish(50) == 80 + 2 * 40
+    assert estimate.drop() == 80 + 40
+    assert Progress("synthesize", 3, 4, 100, 10.0, failed=1, total_tokens=estimate.total()).eta_s == pytest.approx(2.0)
+
+
+def test_export_says_no_token_rate_it_does_not_have() -> None:
+    assert prog.describe(1, 1, "drafts", None, 0.0) == "1/1 drafts, ETA 0s"
 
 
 def test_the_run_board_estimates_the_shards_not_reported_yet_at_the_same_tokens_per_sample(
