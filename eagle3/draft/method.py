@@ -9,7 +9,8 @@ held-out split, the target distribution and soft cross-entropy (distill.py), exp
 What a method says (docs/methods.md has the table):
     name, algorithm        train.method's value; SGLang's --speculative-algorithm
     layers                 which of the store's aux layers the draft reads (a subset: the store may hold more)
-    build                  the draft module from the target-derived shape (shape.py) and the target's embedding
+    build                  the draft module from the target-derived shape (shape.py), the target's embedding and
+                           lm_head, and the train settings
     loss                   one packed batch -> DraftLoss, per draft position (distill.py)
     drafter                the offline evaluator's drafting procedure (a Drafter)
     sglang_config          config.json of the directory SGLang loads; the weights keep the module's key names
@@ -82,8 +83,17 @@ class DraftMethod(Protocol):
         """S: the draft positions the loss reports (TTT steps, a block's tokens)."""
         ...
 
-    def build(self, cfg: DraftConfig, embedding: Tensor | None = None) -> nn.Module:
-        """The draft (a DraftModule), fresh; `embedding` [V, H] is the target's, frozen."""
+    def build(
+        self,
+        cfg: DraftConfig,
+        embedding: Tensor | None = None,
+        *,
+        lm_head: Tensor | None = None,
+        train: TrainConfig | None = None,
+    ) -> nn.Module:
+        """The draft (a DraftModule), fresh; `embedding` and `lm_head` [V, H] are the target's, frozen (a draft that
+        drafts through the target's head keeps it, unsaved); `train`: the settings it was (or is) trained with (None:
+        the defaults; a method whose weights depend on them must not use None)."""
         ...
 
     def loss(
@@ -102,7 +112,18 @@ class DraftMethod(Protocol):
 
     def drafter(self, model: nn.Module) -> Drafter: ...
 
-    def sglang_config(self, cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]: ...
+    def sglang_config(
+        self,
+        cfg: DraftConfig,
+        layer_ids: list[int],
+        *,
+        aux_layers: list[int],
+        model_type: str,
+        train: TrainConfig | None = None,
+    ) -> dict[str, Any]:
+        """config.json of the SGLang directory: `layer_ids` are SGLang's EAGLE-3 ids of the HF indices `aux_layers`
+        of a target of `model_type`; `train` the draft's training settings (its checkpoint's)."""
+        ...
 
     def speculators_config(
         self,

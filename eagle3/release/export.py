@@ -45,7 +45,7 @@ from safetensors.torch import load_file, save
 
 from eagle3.convert.vocab import check_vocab_map
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
-from eagle3.draft.load import checkpoint_method
+from eagle3.draft.load import checkpoint_method, checkpoint_train
 from eagle3.draft.method import DraftMethod
 from eagle3.draft.shape import DraftConfig
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
@@ -266,6 +266,8 @@ def export_draft(
             f"{model_dir} fingerprints as {model_sha[:12]}..., run.json recorded {info.model_sha256[:12]}... at "
             "extraction: serve the draft with the model it was trained on"
         )
+    sglang_config = method.sglang_config(cfg, layers.layer_ids, aux_layers=list(layers.aux_layers),
+                                         model_type=str(target_cfg.get("model_type", "")), train=checkpoint_train(ckpt))
     meta = {"format": EXPORT_FORMAT, "checkpoint_sha256": ckpt_sha}
     sglang_bytes = save(tensors, metadata=meta)
     spec_config = method.speculators_config(
@@ -307,7 +309,7 @@ def export_draft(
     )
 
     def write(tmp: Path) -> None:
-        atomic_write_json(tmp / "config.json", method.sglang_config(cfg, layers.layer_ids))
+        atomic_write_json(tmp / "config.json", sglang_config)
         atomic_write_bytes(tmp / WEIGHTS, sglang_bytes)
         counter.add()
         if spec_config is not None:

@@ -59,7 +59,15 @@ class Eagle3Method:
     def positions(self, cfg: TrainConfig) -> int:
         return cfg.ttt_steps
 
-    def build(self, cfg: DraftConfig, embedding: Tensor | None = None) -> nn.Module:
+    def build(
+        self,
+        cfg: DraftConfig,
+        embedding: Tensor | None = None,
+        *,
+        lm_head: Tensor | None = None,
+        train: TrainConfig | None = None,
+    ) -> nn.Module:
+        """The draft has its own lm_head over the draft vocabulary: the target's is not kept."""
         return Eagle3Draft(cfg, embedding, self.flags)
 
     def loss(
@@ -83,7 +91,15 @@ class Eagle3Method:
     def drafter(self, model: nn.Module) -> Drafter:
         return EagleDrafter(cast(Eagle3Draft, model))
 
-    def sglang_config(self, cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]:
+    def sglang_config(
+        self,
+        cfg: DraftConfig,
+        layer_ids: list[int],
+        *,
+        aux_layers: list[int],
+        model_type: str,
+        train: TrainConfig | None = None,
+    ) -> dict[str, Any]:
         return serving.sglang_config(cfg, layer_ids, self.flags)
 
     def speculators_config(
