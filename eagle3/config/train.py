@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from eagle3.config.base import OnOff, StrictModel
 
 #: The draft methods (eagle3/draft/methods.py has one row per name; a unit test keeps the two equal).
-DraftMethodName = Literal["eagle3", "eagle3.1", "dflash"]
+DraftMethodName = Literal["eagle3", "eagle3.1", "dflash", "dspark"]
 
 
 class TrainConfig(StrictModel):
@@ -19,7 +19,8 @@ class TrainConfig(StrictModel):
         "eagle3",
         description="The draft method (docs/methods.md). `eagle3`: EAGLE-3. `eagle3.1`: EAGLE-3 with a norm per aux "
         "state before fc and the post-norm state fed to the next step. `dflash`: a block drafter (DFlash) that drafts "
-        "block_size - 1 tokens in one forward. Each method trains into its own directory.",
+        "block_size - 1 tokens in one forward. `dspark`: DFlash with a low-rank Markov head over the previous token "
+        "and a confidence head. Each method trains into its own directory.",
     )
     aux_layers: list[int] | None = Field(
         None,
@@ -81,6 +82,10 @@ class TrainConfig(StrictModel):
         description="Block drafters: the target token id whose (frozen) embedding fills the masked positions "
         "(dflash_config.mask_token_id). None: the target's last vocabulary id. Pick one whose embedding row is not "
         "all zeros: every masked position would then start from the same zero vector.",
+    )  # fmt: skip
+    markov_rank: int = Field(
+        256, ge=1, le=4096,
+        description="DSpark: the rank of its Markov head (markov_w1 [V, r], markov_w2 [V, r]: 2 x V x r weights).",
     )  # fmt: skip
     ttt_decay: float = Field(0.8, gt=0, le=1.0, description="Loss weight of step i is decay**i.")
     draft_vocab_size: int = Field(32000, gt=0, description="Draft vocabulary (capped at the target's).")

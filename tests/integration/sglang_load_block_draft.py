@@ -1,7 +1,8 @@
-"""Run by SGLang's interpreter (.venv-sglang/bin/python): load an exported block draft (DFlash) through SGLang
+"""Run by SGLang's interpreter (.venv-sglang/bin/python): load an exported block draft (DFlash, DSpark) through SGLang
 0.5.23's own loader on CPU in draft mode, the way its DFlash worker does, and dump what SGLang made of it.
 
-    python sglang_load_block_draft.py --draft DIR --target DIR --out FILE.safetensors --port P --block-size B
+    python sglang_load_block_draft.py --draft DIR --target DIR --out FILE.safetensors --port P --block-size B \
+        [--algorithm DFLASH|DSPARK]
 
 Dumped tensors: every parameter of the draft class SGLang chose ("param.<name>"). Metadata (JSON in the safetensors
 header): the class, its block size and context feature count, the dflash config SGLang parsed (block size, mask
@@ -79,8 +80,9 @@ def main() -> None:
             speculative_num_draft_tokens=args.block_size,
         )
 
-    # SGLang refuses to serve DFLASH on a CPU at argument resolution; that refusal is recorded, then passed by
-    # telling only the speculative hook that this platform supports it, so the loader itself runs as it would
+    # SGLang refuses to serve DFLASH and DSPARK on a CPU at argument resolution; that refusal is recorded, then
+    # passed in the speculative hook only (the platform says it supports DFLASH; DSPARK's checks are skipped), so
+    # the loader itself runs as it would
     refusal = None
     reset_context()
     try:
@@ -90,7 +92,8 @@ def main() -> None:
         refusal = str(e)
         from sglang.srt.arg_groups import speculative_hook
 
-        speculative_hook.current_platform = AllowsAlgorithm(speculative_hook.current_platform)
+        speculative_hook.current_platform = AllowsAlgorithm(speculative_hook.current_platform)  # DFLASH's check
+        speculative_hook._handle_dspark = lambda server_args: None  # DSPARK's: only checks (device, parallelism)
         reset_context()
         server_args = make_args()
         publish(server_args, role="test", ranks=SpawnRanks(world_rank=0))

@@ -103,7 +103,7 @@ class DFlashMethod:
         `attend` (causal within documents) is not DFlash's attention: the block mask is built here."""
         draft = cast(DFlashDraft, model)
         anchors = pick_anchors(batch, draft.block_size, cfg.seed)
-        mask = block_mask(batch.doc, anchors, draft.block_size)
+        mask = block_mask(batch.doc, anchors, draft.queries)
         with autocast():
             out = net(batch.aux_hidden, batch.positions, batch.input_ids[anchors], batch.positions[anchors], mask)
         return block_loss(out, draft, batch, anchors, target, cfg.target_chunk_tokens)

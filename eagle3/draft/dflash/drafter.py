@@ -37,14 +37,13 @@ class BlockDrafter:
                                            zip(self.kv, new, strict=True)]  # fmt: skip
         self.last = tokens[-1]
 
-    def block(self) -> Tensor:
-        """Logits [B - 1, V] of the block anchored on the last committed token."""
+    def rows(self) -> Tensor:
+        """The drafting rows [B - 1, H] of the block anchored on the last committed token."""
         d = self.draft
-        dev, b, p = d.fc.weight.device, d.block_size, self.context_len
-        ids = d.block_input(torch.tensor([self.last], device=dev)).flatten()  # [B]
-        mask = torch.ones(b, p + b, dtype=torch.bool, device=dev)  # the whole context, the whole block
-        out = d.blocks(ids, torch.arange(p, p + b, device=dev), self.kv, mask)  # [B, H]
-        return d.logits(out[1:])
+        dev, q, p = d.fc.weight.device, d.queries, self.context_len
+        ids = d.block_input(torch.tensor([self.last], device=dev)).flatten()  # [Q]
+        mask = torch.ones(q, p + q, dtype=torch.bool, device=dev)  # the whole context, the whole block
+        return d.drafting_rows(d.blocks(ids, torch.arange(p, p + q, device=dev), self.kv, mask))
 
     def propose(self, n: int) -> list[int]:
         if n > self.draft.block_size - 1:
@@ -52,4 +51,4 @@ class BlockDrafter:
                 f"a DFlash draft of block_size {self.draft.block_size} drafts at most {self.draft.block_size - 1} "
                 f"tokens a round, not {n}: evaluate with draft_steps <= {self.draft.block_size - 1}"
             )
-        return [int(t) for t in self.block()[:n].argmax(-1)]
+        return self.draft.draft(self.rows()[:n], self.last)

@@ -65,46 +65,52 @@ def pick_anchors(batch: PackedBatch, block_size: int, seed: int) -> Tensor:
 
 
 def block_mask(doc: Tensor, anchors: Tensor, block_size: int) -> Tensor:
-    """[A*B, N + A*B] bool: block j's queries see the rows before its anchor in its document, and its own block."""
+    """[A*Q, N + A*Q] bool (Q = block_size, the block's query rows): block j's queries see the rows before its anchor
+    in its document, and its own block."""
     n, a = doc.shape[0], anchors.shape[0]
     rows = torch.arange(n, device=doc.device)
     ctx = (doc[None, :] == doc[anchors][:, None]) & (rows[None, :] < anchors[:, None])  # [A, N]
     own = torch.eye(a, dtype=torch.bool, device=doc.device)  # [A, A]
-    mask = torch.cat([ctx, own], dim=1).repeat_interleave(block_size, dim=0)  # [A*B, N + A]
+    mask = torch.cat([ctx, own], dim=1).repeat_interleave(block_size, dim=0)  # [A*Q, N + A]
     return torch.cat([mask[:, :n], mask[:, n:].repeat_interleave(block_size, dim=1)], dim=1)
 
 
-def _ce(out: Tensor, head: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    logits = (out @ head.to(out.dtype).T).float()  # [c, V]
+def _ce(model: DFlashDraft, rows: Tensor, prev: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
+    logits = model.step_logits(rows, prev).float()  # [c, V]
     return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
 
 
 def block_loss(
     out: Tensor, model: DFlashDraft, batch: PackedBatch, anchors: Tensor, target: TargetDist, chunk_tokens: int
 ) -> DraftLoss:
-    """out [A, B, H] (DFlashDraft.forward) -> DraftLoss over the B - 1 drafted positions."""
+    """out [A, Q, H] (DFlashDraft.forward) -> DraftLoss over the B - 1 drafted positions (plus the draft's side
+    loss, DSpark's confidence, weighted alike)."""
     n, b = batch.input_ids.shape[0], model.block_size
     s = b - 1
     i = torch.arange(1, b, device=anchors.device)
-    rows = anchors[:, None] + i  # [A, S] the row each output drafts
+    rows = anchors[:, None] + i  # [A, S] the row each drafted token sits at
     inside = batch.remaining[anchors][:, None] >= i
     safe = rows.clamp(max=n - 1)
     label = inside & batch.loss_mask.bool()[safe]  # [A, S]
     labels = target.argmax[safe - 1]  # [A, S] the target's greedy token there
-    flat_out, flat_labels = out[:, 1:].reshape(-1, out.shape[-1]), labels.flatten()
+    prev = batch.input_ids[safe - 1]  # [A, S] the token before it (the anchor for the first)
+    drafting = model.drafting_rows(out)  # [A, S, H]
+    flat_rows, flat_prev, flat_labels = drafting.reshape(-1, out.shape[-1]), prev.flatten(), labels.flatten()
     ce_parts, pred_parts = [], []
-    for a in range(0, flat_out.shape[0], chunk_tokens):  # [chunk, V] logits at a time, recomputed in backward
-        ce, pred = checkpoint(_ce, flat_out[a : a + chunk_tokens], model.lm_head, flat_labels[a : a + chunk_tokens],
-                              use_reentrant=False)  # fmt: skip
+    for a in range(0, flat_rows.shape[0], chunk_tokens):  # [chunk, V] logits at a time, recomputed in backward
+        c = slice(a, a + chunk_tokens)
+        ce, pred = checkpoint(_ce, model, flat_rows[c], flat_prev[c], flat_labels[c], use_reentrant=False)
         ce_parts.append(ce)
         pred_parts.append(pred)
     ce = torch.cat(ce_parts).view(-1, s) if ce_parts else out.new_zeros(0, s, dtype=torch.float32)
     pred = torch.cat(pred_parts).view(-1, s) if pred_parts else labels
+    hit = (pred == labels) & label  # [A, S]
+    side = model.side_loss(flat_rows, flat_prev, hit.flatten()).view(-1, s)
     w = label.float()
     per_pos = (ce * w).sum(0) / w.sum(0).clamp(min=1.0)  # [S]
+    side_pos = (side * w).sum(0) / w.sum(0).clamp(min=1.0)
     weights = torch.tensor(position_weights(b), device=out.device)
-    total = (weights * per_pos).sum() + out.sum() * 0.0  # a row without anchors still gives every weight a grad
-    hit = (pred == labels) & label  # [A, S]
+    total = (weights * (per_pos + side_pos)).sum() + out.sum() * 0.0  # a row without anchors: every weight a grad
     correct = torch.zeros(s, n, dtype=torch.bool, device=out.device)
     labelled = torch.zeros(s, n, dtype=torch.bool, device=out.device)
     correct[:, anchors], labelled[:, anchors] = hit.T, label.T

@@ -92,9 +92,13 @@ class DFlashDraft(nn.Module):
         mask_token_id: int,
         embed_weight: Tensor | None = None,
         lm_head: Tensor | None = None,
+        sample_from_anchor: bool = False,
     ):
         super().__init__()
         self.cfg, self.block_size, self.mask_token_id = cfg, block_size, mask_token_id
+        # the query rows of a block and the first row that drafts: DFlash's B rows [anchor, m x (B-1)] draft from
+        # row 1; DSpark's (sample_from_anchor) B - 1 rows [anchor, m x (B-2)] draft from row 0, the anchor's
+        self.queries, self.first = (block_size - 1, 0) if sample_from_anchor else (block_size, 1)
         h = cfg.hidden_size
         if cfg.target_hidden_size != h:
             raise DraftConfigError(f"DFlash needs the target's hidden size ({cfg.target_hidden_size}) as its own ({h})")
@@ -146,8 +150,8 @@ class DFlashDraft(nn.Module):
         return [layer.self_attn.kv(features, cos, sin) for layer in self.decoder]
 
     def block_input(self, anchors: Tensor) -> Tensor:
-        """Token ids [A, B] of blocks anchored on the tokens `anchors` [A]: the anchor, then B - 1 mask tokens."""
-        ids = torch.full((len(anchors), self.block_size), self.mask_token_id, dtype=torch.long, device=anchors.device)
+        """Token ids [A, Q] of blocks anchored on the tokens `anchors` [A]: the anchor, then Q - 1 mask tokens."""
+        ids = torch.full((len(anchors), self.queries), self.mask_token_id, dtype=torch.long, device=anchors.device)
         ids[:, 0] = anchors
         return ids
 
@@ -165,8 +169,8 @@ class DFlashDraft(nn.Module):
     ) -> Tensor:
         """Training's forward over one packed row: aux_hidden [N, K, H_t] and positions [N] of the row (the
         context), blocks anchored on tokens anchor_ids [A] at anchor_positions [A], mask [A*B, N + A*B] (which
-        context rows each block sees; loss.block_mask) -> normed outputs [A, B, H]."""
-        b = self.block_size
+        context rows each block sees; loss.block_mask) -> normed outputs [A, Q, H]."""
+        b = self.queries
         ctx = self.context_kv(self.context(aux_hidden), positions)
         ids = self.block_input(anchor_ids).flatten()  # [A*B]
         pos = (anchor_positions[:, None] + torch.arange(b, device=positions.device)).flatten()
@@ -175,3 +179,21 @@ class DFlashDraft(nn.Module):
     def logits(self, out: Tensor) -> Tensor:
         """Normed outputs [M, H] -> logits over the whole target vocabulary [M, V] (the target's lm_head)."""
         return out @ self.lm_head.to(out.dtype).T
+
+    def drafting_rows(self, out: Tensor) -> Tensor:
+        """A block's outputs [.., Q, H] -> the rows that draft its B - 1 tokens [.., B - 1, H]."""
+        return out[..., self.first : self.first + self.block_size - 1, :]
+
+    def step_logits(self, rows: Tensor, prev: Tensor) -> Tensor:
+        """Drafting rows [M, H] and the token before each drafted one [M] -> its logits [M, V]. DFlash's do not
+        depend on `prev` (every position is drafted in parallel); DSpark adds its Markov bias."""
+        return self.logits(rows)
+
+    def side_loss(self, rows: Tensor, prev: Tensor, hit: Tensor) -> Tensor:
+        """An auxiliary loss per drafted position [M] (DSpark's confidence head); DFlash has none."""
+        return rows.new_zeros(rows.shape[0], dtype=torch.float32)
+
+    def draft(self, rows: Tensor, anchor: int) -> list[int]:
+        """Greedy tokens of one block's drafting rows [n, H] (DSpark: one step at a time, each one's bias from the
+        token before it)."""
+        return [int(t) for t in self.logits(rows).argmax(-1)]

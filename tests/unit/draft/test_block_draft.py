@@ -1,4 +1,4 @@
-"""DFlash's draft, mask and layer choice on a tiny random draft (eagle3/draft/dflash/)."""
+"""The block drafters' draft, mask and layer choice on tiny random drafts (eagle3/draft/dflash/, dspark/)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,22 @@ from eagle3.draft.dflash.drafter import BlockDrafter
 from eagle3.draft.dflash.loss import block_mask, pick_anchors, position_weights
 from eagle3.draft.dflash.model import DFlashDraft
 from eagle3.draft.dflash.serving import build_target_layer_ids, target_layer_ids
+from eagle3.draft.dspark.model import DSparkDraft
 from eagle3.draft.method import MethodError
+from eagle3.draft.methods import method_named
 from eagle3.draft.shape import DraftConfig, DraftConfigError
 from eagle3.draft.synthetic import SyntheticSpec, target_config
 
 K, B = 3, 4
 
 
-def draft(block_size: int = B) -> DFlashDraft:
+def draft(method: str = "dflash", block_size: int = B) -> DFlashDraft:
     cfg = DraftConfig.from_target(target_config(SyntheticSpec()), num_aux=K, draft_vocab_size=96)
     torch.manual_seed(0)
-    train = TrainConfig(method="dflash", block_size=block_size)
+    train = TrainConfig(method=method, block_size=block_size, markov_rank=8)  # type: ignore[arg-type]
     lm_head = torch.randn(cfg.vocab_size, cfg.hidden_size)
-    model = METHOD.build(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size), lm_head=lm_head, train=train)
+    model = method_named(method).build(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size), lm_head=lm_head,
+                                       train=train)  # fmt: skip
     assert isinstance(model, DFlashDraft)
     return model.eval()
 
@@ -41,28 +44,30 @@ def packed_row(lengths: list[int], vocab: int, hidden: int) -> PackedBatch:
                        positions=positions, remaining=remaining, doc=doc, num_tokens=n)  # fmt: skip
 
 
-def test_the_block_forward_equals_each_block_drafted_alone_with_a_hand_built_mask() -> None:
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_the_block_forward_equals_each_block_drafted_alone_with_a_hand_built_mask(method: str) -> None:
     """All anchors of a packed row of two documents in one forward (block_mask) against each block run alone over
     its document's rows before the anchor with an all-visible mask, and against the offline drafter after it
     committed the same prefix: equal position by position."""
-    model = draft()
+    model = draft(method)
+    q = model.queries  # DFlash: B rows, DSpark: B - 1
     batch = packed_row([11, 9], model.cfg.vocab_size, model.cfg.hidden_size)
     anchors = pick_anchors(batch, B, seed=0)
     assert len(anchors) >= 4 and set(batch.doc[anchors].tolist()) == {0, 1}
     with torch.no_grad():
         together = model(batch.aux_hidden, batch.positions, batch.input_ids[anchors], batch.positions[anchors],
-                         block_mask(batch.doc, anchors, B))  # fmt: skip  # [A, B, H]
+                         block_mask(batch.doc, anchors, q))  # fmt: skip  # [A, Q, H]
         for j, a in enumerate(anchors.tolist()):
             start = a - int(batch.positions[a])  # the document's first row
             ctx = model.context_kv(model.context(batch.aux_hidden[start:a]), batch.positions[start:a])
-            pos = batch.positions[a] + torch.arange(B)
+            pos = batch.positions[a] + torch.arange(q)
             alone = model.blocks(model.block_input(batch.input_ids[a : a + 1]).flatten(), pos, ctx,
-                                 torch.ones(B, a - start + B, dtype=torch.bool))  # fmt: skip
+                                 torch.ones(q, a - start + q, dtype=torch.bool))  # fmt: skip
             torch.testing.assert_close(together[j], alone, rtol=1e-5, atol=1e-5)
 
             drafter = BlockDrafter(model)  # the offline drafter, after the target verified x[start..a]
             drafter.start(batch.input_ids[start : a + 1].tolist(), batch.aux_hidden[start:a])
-            torch.testing.assert_close(drafter.block(), model.logits(alone[1:]), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(drafter.rows(), model.drafting_rows(alone), rtol=1e-5, atol=1e-5)
 
 
 def test_a_block_never_sees_another_document_or_rows_at_or_after_its_anchor() -> None:
@@ -110,3 +115,17 @@ def test_the_drafter_refuses_more_tokens_than_a_block_drafts() -> None:
     assert len(drafter.propose(B - 1)) == B - 1
     with pytest.raises(ValueError, match="block_size 4 drafts at most 3 tokens a round, not 4"):
         drafter.propose(B)
+
+
+def test_dsparks_drafter_takes_each_tokens_markov_bias_from_the_token_drafted_before_it() -> None:
+    """The semi-autoregressive step: token j is the argmax of base_j + w2(w1[token j-1]), the anchor before the
+    first, as the Markov-corrected logits training scores (step_logits) with the same previous tokens."""
+    model = draft("dspark")
+    assert isinstance(model, DSparkDraft) and (model.queries, model.first) == (B - 1, 0)
+    with torch.no_grad():
+        model.markov_head.markov_w2.weight.normal_(std=100.0)  # a bias large enough to change the argmax
+        rows = torch.randn(B - 1, model.cfg.hidden_size)
+        tokens = model.draft(rows, anchor=7)
+        prev = torch.tensor([7, *tokens[:-1]])
+        assert tokens == model.step_logits(rows, prev).argmax(-1).tolist()
+        assert tokens != model.logits(rows).argmax(-1).tolist()  # the bias mattered
