@@ -102,11 +102,11 @@ class DFlashMethod:
         """Random anchors of the row, their blocks through `net` in one forward, the weighted cross-entropy.
         `attend` (causal within documents) is not DFlash's attention: the block mask is built here."""
         draft = cast(DFlashDraft, model)
-        anchors = pick_anchors(batch, draft.block_size, cfg.seed)
+        anchors, real = pick_anchors(batch, draft.block_size, cfg.seed)
         mask = block_mask(batch.doc, anchors, draft.queries)
         with autocast():
             out = net(batch.aux_hidden, batch.positions, batch.input_ids[anchors], batch.positions[anchors], mask)
-        return block_loss(out, draft, batch, anchors, target, cfg.target_chunk_tokens)
+        return block_loss(out, draft, batch, anchors, real, target, cfg.target_chunk_tokens)
 
     def drafter(self, model: nn.Module) -> Drafter:
         return BlockDrafter(cast(DFlashDraft, model))

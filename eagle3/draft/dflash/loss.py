@@ -3,8 +3,9 @@ in parallel, cross-entropy with DFlash's positional weighting.
 
 Anchors (per row, fixed by the row's content and train.seed, so a resumed run draws the ones it would have): token
 positions a with a context (position >= 1 in its document), a next token in the document, and a loss token there.
-A row with C such positions gets A = max(1, 2C / B) anchors, without replacement: each labelled token is predicted
-about twice per step, at different offsets in its blocks.
+A row of N tokens gets A = max(1, 2N / B) anchors, drawn without replacement from those positions (padded with
+unlabelled copies when there are fewer): each labelled token of a full row is predicted about twice per step, at
+different offsets in its blocks, and every step has the same shapes.
 
 Alignment (row positions, x = input ids, target[s] = the target's distribution of x[s+1] given x[..s]):
     block j anchored at a     tokens [x[a], m, .., m] at RoPE positions pos(a)..pos(a)+B-1; context: the features
@@ -49,19 +50,25 @@ def position_weights(block_size: int) -> list[float]:
     return [math.exp(-(i - 1) / gamma) for i in range(1, block_size)]
 
 
-def pick_anchors(batch: PackedBatch, block_size: int, seed: int) -> Tensor:
-    """Row indices [A] of the row's anchors, ascending (see the module docstring)."""
+def pick_anchors(batch: PackedBatch, block_size: int, seed: int) -> tuple[Tensor, Tensor]:
+    """(row indices [A] of the row's anchors, ascending; which of them are real [A] bool), A = max(1, 2N / B) for a
+    row of N (padded) tokens, so every step has the same shapes (compile, CUDA graphs); a row with fewer candidates
+    pads with copies of its last one (or row 0), whose positions carry no label (see the module docstring)."""
     n = batch.input_ids.shape[0]
+    count = max(1, 2 * n // block_size)
     nxt = torch.nn.functional.pad(batch.loss_mask.bool(), (0, 1))[1 : n + 1]  # loss_mask[a+1]
     ok = (batch.positions >= 1) & (batch.remaining >= 1) & nxt
     cand = ok.nonzero().flatten().cpu()
-    if len(cand) == 0:
-        return cand.to(batch.input_ids.device)
-    count = max(1, 2 * len(cand) // block_size)
     head = batch.input_ids[:64].cpu()
     g = torch.Generator().manual_seed(seed * 1_000_003 + int((head * torch.arange(1, len(head) + 1)).sum()) + n)
     picked = cand[torch.randperm(len(cand), generator=g)[:count]].sort().values
-    return picked.to(batch.input_ids.device)
+    real = torch.ones(count, dtype=torch.bool)
+    if len(picked) < count:
+        real[len(picked) :] = False
+        fill = picked[-1:] if len(picked) else torch.zeros(1, dtype=torch.long)
+        picked = torch.cat([picked, fill.expand(count - len(picked))])
+    dev = batch.input_ids.device
+    return picked.to(dev), real.to(dev)
 
 
 def block_mask(doc: Tensor, anchors: Tensor, block_size: int) -> Tensor:
@@ -81,7 +88,13 @@ def _ce(model: DFlashDraft, rows: Tensor, prev: Tensor, labels: Tensor) -> tuple
 
 
 def block_loss(
-    out: Tensor, model: DFlashDraft, batch: PackedBatch, anchors: Tensor, target: TargetDist, chunk_tokens: int
+    out: Tensor,
+    model: DFlashDraft,
+    batch: PackedBatch,
+    anchors: Tensor,
+    real: Tensor,
+    target: TargetDist,
+    chunk_tokens: int,
 ) -> DraftLoss:
     """out [A, Q, H] (DFlashDraft.forward) -> DraftLoss over the B - 1 drafted positions (plus the draft's side
     loss, DSpark's confidence, weighted alike)."""
@@ -91,7 +104,7 @@ def block_loss(
     rows = anchors[:, None] + i  # [A, S] the row each drafted token sits at
     inside = batch.remaining[anchors][:, None] >= i
     safe = rows.clamp(max=n - 1)
-    label = inside & batch.loss_mask.bool()[safe]  # [A, S]
+    label = inside & batch.loss_mask.bool()[safe] & real[:, None]  # [A, S]
     labels = target.argmax[safe - 1]  # [A, S] the target's greedy token there
     prev = batch.input_ids[safe - 1]  # [A, S] the token before it (the anchor for the first)
     drafting = model.drafting_rows(out)  # [A, S, H]
@@ -110,10 +123,10 @@ def block_loss(
     per_pos = (ce * w).sum(0) / w.sum(0).clamp(min=1.0)  # [S]
     side_pos = (side * w).sum(0) / w.sum(0).clamp(min=1.0)
     weights = torch.tensor(position_weights(b), device=out.device)
-    total = (weights * (per_pos + side_pos)).sum() + out.sum() * 0.0  # a row without anchors: every weight a grad
+    total = (weights * (per_pos + side_pos)).sum()
     correct = torch.zeros(s, n, dtype=torch.bool, device=out.device)
     labelled = torch.zeros(s, n, dtype=torch.bool, device=out.device)
-    correct[:, anchors], labelled[:, anchors] = hit.T, label.T
+    correct[:, anchors[real]], labelled[:, anchors[real]] = hit[real].T, label[real].T
     return DraftLoss(
         total=total,
         step_loss=per_pos.detach(),

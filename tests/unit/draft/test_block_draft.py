@@ -52,8 +52,8 @@ def test_the_block_forward_equals_each_block_drafted_alone_with_a_hand_built_mas
     model = draft(method)
     q = model.queries  # DFlash: B rows, DSpark: B - 1
     batch = packed_row([11, 9], model.cfg.vocab_size, model.cfg.hidden_size)
-    anchors = pick_anchors(batch, B, seed=0)
-    assert len(anchors) >= 4 and set(batch.doc[anchors].tolist()) == {0, 1}
+    anchors, real = pick_anchors(batch, B, seed=0)
+    assert len(anchors) == 2 * 20 // B and bool(real.all()) and set(batch.doc[anchors].tolist()) == {0, 1}
     with torch.no_grad():
         together = model(batch.aux_hidden, batch.positions, batch.input_ids[anchors], batch.positions[anchors],
                          block_mask(batch.doc, anchors, q))  # fmt: skip  # [A, Q, H]
@@ -79,11 +79,13 @@ def test_a_block_never_sees_another_document_or_rows_at_or_after_its_anchor() ->
     assert mask[2:, 7:].tolist() == [[False, False, True, True]] * 2
 
 
-def test_anchors_have_a_context_and_a_next_token_and_are_the_same_for_the_same_row() -> None:
+def test_anchors_have_a_context_and_a_next_token_are_the_same_for_the_same_row_and_fill_a_fixed_count() -> None:
     batch = packed_row([6, 5], 128, 32)
-    a = pick_anchors(batch, 2, seed=3)
-    assert torch.equal(a, pick_anchors(batch, 2, seed=3))
+    a, real = pick_anchors(batch, 4, seed=3)
+    assert torch.equal(a, pick_anchors(batch, 4, seed=3)[0]) and len(a) == 2 * 11 // 4 and bool(real.all())
     assert all(int(batch.positions[x]) >= 1 and int(batch.remaining[x]) >= 1 for x in a)
+    few, real = pick_anchors(batch, 2, seed=3)  # 11 anchors wanted, 7 positions qualify (positions 1.. with a next)
+    assert len(few) == 11 and real.tolist() == [True] * 7 + [False] * 4 and len(set(few[:7].tolist())) == 7
     assert position_weights(16)[0] == 1.0 and position_weights(16)[7] == pytest.approx(torch.exp(torch.tensor(-1.0)))
 
 
