@@ -312,9 +312,8 @@ def export_draft(
         num_parameters=sum(v.numel() for k, v in tensors.items() if v.is_floating_point()),
         weights_bytes=len(sglang_bytes),
         speculators_weights_bytes=len(spec_bytes),
-        sglang_args=sglang_args(
-            model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens, algorithm=method.algorithm
-        ),
+        sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens,
+                                algorithm=method.algorithm),
         notes=notes,
     )
 
