@@ -15,6 +15,7 @@ What a method says (docs/methods.md has the table):
     drafter                the offline evaluator's drafting procedure (a Drafter)
     sglang_config          config.json of the directory SGLang loads; the weights keep the module's key names
     speculators_config     the speculators (vLLM) layout's config.json, or None with `speculators_note` saying why
+    serve_flags            SGLang's speculative flags that serve it (chain length, block size)
 """
 
 from __future__ import annotations
@@ -136,6 +137,11 @@ class DraftMethod(Protocol):
     ) -> dict[str, Any] | None: ...
 
     def speculators_key(self, name: str) -> str: ...
+
+    def serve_flags(self, train: TrainConfig | None, speculative_tokens: int) -> list[str]:
+        """SGLang's speculative flags for serving the draft beyond the algorithm and the draft path (EAGLE-3: a chain
+        of `speculative_tokens`; a block drafter: its block, whatever `speculative_tokens` says)."""
+        ...
 
 
 def pick_layers(

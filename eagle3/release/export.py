@@ -277,6 +277,9 @@ def export_draft(
         model_type=str(target_cfg.get("model_type", "")),
         train=checkpoint_train(ckpt),
     )
+    serve_args = ["--model-path", str(model_dir.resolve()), "--speculative-algorithm", method.algorithm,
+                  "--speculative-draft-model-path", str(out_dir.resolve()),
+                  *method.serve_flags(checkpoint_train(ckpt), speculative_tokens)]  # fmt: skip
     meta = {"format": EXPORT_FORMAT, "checkpoint_sha256": ckpt_sha}
     sglang_bytes = save(tensors, metadata=meta)
     spec_config = method.speculators_config(
@@ -312,8 +315,7 @@ def export_draft(
         num_parameters=sum(v.numel() for k, v in tensors.items() if v.is_floating_point()),
         weights_bytes=len(sglang_bytes),
         speculators_weights_bytes=len(spec_bytes),
-        sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens,
-                                algorithm=method.algorithm),
+        sglang_args=serve_args,
         notes=notes,
     )
 

@@ -118,6 +118,8 @@ def test_sglangs_loader_takes_every_weight_of_the_block_drafters_export_and_capt
     result = export_draft(out_dir, store / "store", store / "target", tmp_path / "draft")
     assert result.method == method and result.speculative_algorithm == ALGORITHM[method]
     assert any("no speculators copy" in n for n in result.notes)
+    assert result.sglang_args[2:4] == ["--speculative-algorithm", ALGORITHM[method]]
+    assert result.sglang_args[6:] == ["--speculative-num-draft-tokens", str(BLOCK)]  # the block, not a chain
     config = read_json(tmp_path / "draft" / "config.json")
     gamma = BLOCK if method == "dflash" else BLOCK - 1  # DSpark's block_size counts the drafted tokens
     assert config["dflash_config"] == {"block_size": gamma, "mask_token_id": SPEC.vocab_size - 1,

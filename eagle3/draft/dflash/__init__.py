@@ -139,5 +139,10 @@ class DFlashMethod:
     def speculators_key(self, name: str) -> str:
         return name
 
+    def serve_flags(self, train: TrainConfig | None, speculative_tokens: int) -> list[str]:
+        """The verify width is the block (SGLang would override the config's block size with another value, and
+        serves DFlash / DSpark with one step of top-1 whatever it is given)."""
+        return ["--speculative-num-draft-tokens", str(train.block_size if train is not None else 16)]
+
 
 METHOD = DFlashMethod()

@@ -118,5 +118,10 @@ class Eagle3Method:
     def speculators_key(self, name: str) -> str:
         return serving.speculators_key(name)
 
+    def serve_flags(self, train: TrainConfig | None, speculative_tokens: int) -> list[str]:
+        k = speculative_tokens
+        return ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", str(k + 1)]  # fmt: skip
+
 
 METHOD = Eagle3Method("eagle3", Eagle3Flags())
