@@ -77,8 +77,9 @@ class DraftMethod(Protocol):
         them (naming the missing layers and the extraction that adds them)."""
         ...
 
-    def check(self, cfg: TrainConfig) -> None:
-        """Refuse train settings this method cannot train or serve (MethodError naming the key and the fix)."""
+    def check(self, cfg: TrainConfig, target: dict[str, Any] | None = None) -> None:
+        """Refuse train settings, or a target (its config.json, where known), this method cannot train or serve
+        (MethodError naming the key and the fix)."""
 
     def positions(self, cfg: TrainConfig) -> int:
         """S: the draft positions the loss reports (TTT steps, a block's tokens)."""

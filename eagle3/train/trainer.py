@@ -208,7 +208,7 @@ class Trainer:
         d2t, t2d = load_vocab_map(run_dir)
         self.method = method_named(self.cfg.method)
         try:
-            self.method.check(self.cfg)
+            self.method.check(self.cfg, target_cfg)
             self.aux_layers = self.method.layers(info.aux_layers, info.num_layers, self.cfg.aux_layers)
         except MethodError as e:
             raise TrainError(f"{run_dir}/run.json: {e}") from None

@@ -62,8 +62,11 @@ class DFlashMethod:
         """train.aux_layers, else SGLang's default five (default_layers), which the store must hold."""
         return pick_layers(self.name, store_layers, requested, default_layers(num_layers))
 
-    def check(self, cfg: TrainConfig) -> None:
-        """Every block size the config allows (2..64) is one SGLang serves; nothing else to refuse here."""
+    def check(self, cfg: TrainConfig, target: dict[str, Any] | None = None) -> None:
+        """Every block size the config allows (2..64) is one SGLang serves; a target must be of a family SGLang
+        0.5.23 captures for block drafters (set_dflash_layers_to_capture)."""
+        if target is not None:
+            serving.dflash_rule_of(str(target.get("model_type", "")))
 
     def positions(self, cfg: TrainConfig) -> int:
         return cfg.block_size - 1

@@ -53,7 +53,7 @@ class Eagle3Method:
             return list(store_layers)
         return pick_layers(self.name, store_layers, requested, default_layers(num_layers))
 
-    def check(self, cfg: TrainConfig) -> None:
+    def check(self, cfg: TrainConfig, target: dict[str, Any] | None = None) -> None:
         """Every setting of the train section is one EAGLE-3 trains with."""
 
     def positions(self, cfg: TrainConfig) -> int:

@@ -109,6 +109,9 @@ def test_a_mask_token_outside_the_vocabulary_and_a_family_without_dflash_capture
         METHOD.build(cfg, train=TrainConfig(method="dflash", mask_token_id=128))
     with pytest.raises(MethodError, match=r"model_type 'nope'.*no DFlash capture"):
         target_layer_ids([2, 3], "nope")
+    with pytest.raises(MethodError, match=r"model_type 'nope'.*no DFlash capture.*Train train.method eagle3"):
+        METHOD.check(TrainConfig(method="dflash"), {"model_type": "nope"})
+    METHOD.check(TrainConfig(method="dflash"), target_config(SyntheticSpec()))  # llama: captured
 
 
 def test_the_drafter_refuses_more_tokens_than_a_block_drafts() -> None:
