@@ -12,7 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from eagle3.config import PipelineConfig
 from eagle3.progress import Progress
-from eagle3.release.export import ExportResult, export_draft, sglang_args
+from eagle3.release.export import ExportResult, export_draft, read_export, sglang_args
 from eagle3.release.promote import current_link, export_dir_for, latest_link, point
 from eagle3.store.paths import RunPaths
 from tasks.artifacts import markdown_artifact, method_key
@@ -22,8 +22,15 @@ EXPORT_TIMEOUT_S = 30 * 60  # reads and writes the draft's weights (a few GB for
 
 
 def serve_command(model_dir: str, run_dir: str, steps: int) -> str:
-    """The command that serves the promoted draft: through the stable `draft/current` path."""
-    args = sglang_args(Path(model_dir).resolve(), current_link(Path(run_dir)).absolute(), steps=steps)
+    """The command that serves the promoted draft through the stable `draft/current` path, with its method's flags
+    (its export.json's; EAGLE-3's chain of `steps` before there is a promoted draft)."""
+    current = current_link(Path(run_dir)).absolute()
+    export = read_export(current) if current.is_dir() else None
+    if export is None:
+        args = sglang_args(Path(model_dir).resolve(), current, steps=steps)
+    else:
+        args = list(export.sglang_args)
+        args[args.index("--speculative-draft-model-path") + 1] = str(current)
     return " ".join(["python -m sglang.launch_server", *args])
 
 

@@ -65,7 +65,7 @@ def check_methods(cfg: PipelineConfig, model_dir: Path) -> None:
     for name in cfg.train.trained_methods():
         try:
             method = method_named(name)
-            method.check(cfg.train)
+            method.check(cfg.train, read_target_config(model_dir))
             method.layers(store_layers, num_layers, cfg.train.aux_layers)
         except MethodError as e:
             raise PreflightError(f"train.method {name}: {e} ({where} {store_layers}; model {model_dir})") from None

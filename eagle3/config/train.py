@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from eagle3.config.base import OnOff, StrictModel
 
 #: The draft methods (eagle3/draft/methods.py has one row per name; a unit test keeps the two equal).
-DraftMethodName = Literal["eagle3", "eagle3.1"]
+DraftMethodName = Literal["eagle3", "eagle3.1", "dflash", "dspark"]
 
 
 class TrainConfig(StrictModel):
@@ -18,7 +18,9 @@ class TrainConfig(StrictModel):
     method: DraftMethodName = Field(
         "eagle3",
         description="The draft method (docs/methods.md). `eagle3`: EAGLE-3. `eagle3.1`: EAGLE-3 with a norm per aux "
-        "state before fc and the post-norm state fed to the next step. Each method trains into its own directory.",
+        "state before fc and the post-norm state fed to the next step. `dflash`: a block drafter (DFlash) that drafts "
+        "block_size - 1 tokens in one forward. `dspark`: DFlash with a low-rank Markov head over the previous token "
+        "and a confidence head. Each method trains into its own directory.",
     )
     methods: list[DraftMethodName] = Field(
         default_factory=list,
@@ -76,6 +78,22 @@ class TrainConfig(StrictModel):
     warmup_steps: int = Field(20, ge=0, description="Linear warm-up steps.")
     grad_clip: float = Field(0.5, gt=0, description="Max global grad norm.")
     ttt_steps: int = Field(7, gt=0, le=16, description="Training-time-test unroll length.")
+    # block drafters (dflash; eagle3/draft/dflash/) ---------------------------------------------------------------
+    block_size: int = Field(
+        16, ge=2, le=64,
+        description="Block drafters: tokens per draft block, the anchor (the last verified token) and block_size - 1 "
+        "masked positions drafted in one forward (SGLang's dflash_config.block_size, --speculative-num-draft-tokens).",
+    )  # fmt: skip
+    mask_token_id: int | None = Field(
+        None, ge=0,
+        description="Block drafters: the target token id whose (frozen) embedding fills the masked positions "
+        "(dflash_config.mask_token_id). None: the target's last vocabulary id. Pick one whose embedding row is not "
+        "all zeros: every masked position would then start from the same zero vector.",
+    )  # fmt: skip
+    markov_rank: int = Field(
+        256, ge=1, le=4096,
+        description="DSpark: the rank of its Markov head (markov_w1 [V, r], markov_w2 [V, r]: 2 x V x r weights).",
+    )  # fmt: skip
     ttt_decay: float = Field(0.8, gt=0, le=1.0, description="Loss weight of step i is decay**i.")
     draft_vocab_size: int = Field(32000, gt=0, description="Draft vocabulary (capped at the target's).")
     checkpoint_every: int = Field(200, gt=0, description="Steps between atomic checkpoints.")

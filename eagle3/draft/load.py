@@ -22,6 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
+from eagle3.config import TrainConfig
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
 from eagle3.draft.method import Drafter, DraftMethod, MethodError
 from eagle3.draft.methods import method_named
@@ -75,6 +76,15 @@ class LoadedDraft:
         return self.method.drafter(self.model)
 
 
+def checkpoint_train(path: Path) -> TrainConfig | None:
+    """The train settings a checkpoint's state.json records (None: none recorded, or from an older schema)."""
+    state = read_state(path) if (path / STATE).is_file() else {}
+    try:
+        return TrainConfig.model_validate(state["config"])
+    except (KeyError, ValueError):
+        return None
+
+
 def checkpoint_method(path: Path) -> tuple[DraftMethod, list[int] | None]:
     """The method and layers a checkpoint's state.json records (before methods: EAGLE-3, layers unrecorded)."""
     state = read_state(path) if (path / STATE).is_file() else {}
@@ -109,9 +119,9 @@ def load_draft(
     cfg = DraftConfig.from_target(
         target_cfg, num_aux=fused // probe.target_hidden_size, draft_vocab_size=int(weights["d2t"].shape[0])
     )
-    keys = {"embedding": target_head_keys(target_cfg)["embedding"]}
-    embedding = load_target_tensors(Path(model_dir), keys)["embedding"]
-    draft = method.build(cfg, embedding.to(dtype))
+    head = load_target_tensors(Path(model_dir), target_head_keys(target_cfg))
+    draft = method.build(cfg, head["embedding"].to(dtype), lm_head=head["lm_head"].to(dtype),
+                         train=checkpoint_train(path))  # fmt: skip
     expected = draft.trainable_state_dict()  # type: ignore[operator]
     if set(weights) != set(expected):
         raise CheckpointError(

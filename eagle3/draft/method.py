@@ -9,11 +9,13 @@ held-out split, the target distribution and soft cross-entropy (distill.py), exp
 What a method says (docs/methods.md has the table):
     name, algorithm        train.method's value; SGLang's --speculative-algorithm
     layers                 which of the store's aux layers the draft reads (a subset: the store may hold more)
-    build                  the draft module from the target-derived shape (shape.py) and the target's embedding
+    build                  the draft module from the target-derived shape (shape.py), the target's embedding and
+                           lm_head, and the train settings
     loss                   one packed batch -> DraftLoss, per draft position (distill.py)
     drafter                the offline evaluator's drafting procedure (a Drafter)
     sglang_config          config.json of the directory SGLang loads; the weights keep the module's key names
     speculators_config     the speculators (vLLM) layout's config.json, or None with `speculators_note` saying why
+    serve_flags            SGLang's speculative flags that serve it (chain length, block size)
 """
 
 from __future__ import annotations
@@ -75,15 +77,25 @@ class DraftMethod(Protocol):
         them (naming the missing layers and the extraction that adds them)."""
         ...
 
-    def check(self, cfg: TrainConfig) -> None:
-        """Refuse train settings this method cannot train or serve (MethodError naming the key and the fix)."""
+    def check(self, cfg: TrainConfig, target: dict[str, Any] | None = None) -> None:
+        """Refuse train settings, or a target (its config.json, where known), this method cannot train or serve
+        (MethodError naming the key and the fix)."""
 
     def positions(self, cfg: TrainConfig) -> int:
         """S: the draft positions the loss reports (TTT steps, a block's tokens)."""
         ...
 
-    def build(self, cfg: DraftConfig, embedding: Tensor | None = None) -> nn.Module:
-        """The draft (a DraftModule), fresh; `embedding` [V, H] is the target's, frozen."""
+    def build(
+        self,
+        cfg: DraftConfig,
+        embedding: Tensor | None = None,
+        *,
+        lm_head: Tensor | None = None,
+        train: TrainConfig | None = None,
+    ) -> nn.Module:
+        """The draft (a DraftModule), fresh; `embedding` and `lm_head` [V, H] are the target's, frozen (a draft that
+        drafts through the target's head keeps it, unsaved); `train`: the settings it was (or is) trained with (None:
+        the defaults; a method whose weights depend on them must not use None)."""
         ...
 
     def loss(
@@ -102,7 +114,18 @@ class DraftMethod(Protocol):
 
     def drafter(self, model: nn.Module) -> Drafter: ...
 
-    def sglang_config(self, cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]: ...
+    def sglang_config(
+        self,
+        cfg: DraftConfig,
+        layer_ids: list[int],
+        *,
+        aux_layers: list[int],
+        model_type: str,
+        train: TrainConfig | None = None,
+    ) -> dict[str, Any]:
+        """config.json of the SGLang directory: `layer_ids` are SGLang's EAGLE-3 ids of the HF indices `aux_layers`
+        of a target of `model_type`; `train` the draft's training settings (its checkpoint's)."""
+        ...
 
     def speculators_config(
         self,
@@ -115,6 +138,11 @@ class DraftMethod(Protocol):
     ) -> dict[str, Any] | None: ...
 
     def speculators_key(self, name: str) -> str: ...
+
+    def serve_flags(self, train: TrainConfig | None, speculative_tokens: int) -> list[str]:
+        """SGLang's speculative flags for serving the draft beyond the algorithm and the draft path (EAGLE-3: a chain
+        of `speculative_tokens`; a block drafter: its block, whatever `speculative_tokens` says)."""
+        ...
 
 
 def pick_layers(

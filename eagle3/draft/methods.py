@@ -6,10 +6,10 @@ tests/unit/draft/test_methods.py keeps the two equal), a row in docs/methods.md,
 
 from __future__ import annotations
 
-from eagle3.draft import eagle3, eagle3_1
+from eagle3.draft import dflash, dspark, eagle3, eagle3_1
 from eagle3.draft.method import DraftMethod, MethodError
 
-METHODS: dict[str, DraftMethod] = {m.name: m for m in (eagle3.METHOD, eagle3_1.METHOD)}
+METHODS: dict[str, DraftMethod] = {m.name: m for m in (eagle3.METHOD, eagle3_1.METHOD, dflash.METHOD, dspark.METHOD)}
 
 
 def method_named(name: str) -> DraftMethod:

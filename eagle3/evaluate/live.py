@@ -40,8 +40,8 @@ from eagle3.config import EvaluateConfig, ServerConfig
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.server import ServerError, SGLangServer, server_device
 from eagle3.store import dump_protocol as proto
-from eagle3.store.fsio import atomic_write_json
-from eagle3.store.paths import FIRST_METHOD, RunPaths
+from eagle3.store.fsio import atomic_write_json, read_json
+from eagle3.store.paths import EXPORT_FILE, FIRST_METHOD, RunPaths
 from eagle3.store.run_store import now, read_record
 
 LIVE_FORMAT = "eagle3-eval-live/1"
@@ -135,6 +135,34 @@ class LiveEvalResult(BaseModel):
 def speculative_args(evaluate: EvaluateConfig) -> dict[str, int]:
     draft_tokens = evaluate.num_draft_tokens or evaluate.draft_steps + 1
     return {"num_steps": evaluate.draft_steps, "eagle_topk": evaluate.eagle_topk, "num_draft_tokens": draft_tokens}
+
+
+#: The algorithms the plugin's CPU fallback (server_patch/cpu_spec.py) serves; SGLang 0.5.23 refuses the block
+#: drafters (DFLASH, DSPARK) off CUDA at argument resolution, before any model loads.
+CPU_ALGORITHMS = ("EAGLE3",)
+
+
+def draft_algorithm(draft_dir: Path) -> tuple[str, list[str]]:
+    """(SGLang's --speculative-algorithm, the export's own serving flags) of an exported draft, from its export.json
+    (eagle3/release/export.py); EAGLE3 and no flags for a directory without one."""
+    path = Path(draft_dir) / EXPORT_FILE
+    record = read_json(path) if path.is_file() else {}
+    args = list(record.get("sglang_args", []))
+    if "--model-path" in args:  # the server adds the target itself
+        i = args.index("--model-path")
+        del args[i : i + 2]
+    return str(record.get("speculative_algorithm", "EAGLE3")), args
+
+
+def draft_cli_args(draft_dir: Path, spec: Mapping[str, int]) -> list[str]:
+    """The server's flags for the draft: EAGLE-3's chain from evaluate's settings (`spec`), a block drafter's from
+    its export (its block size), with the draft path where it is now."""
+    algorithm, args = draft_algorithm(draft_dir)
+    if algorithm == "EAGLE3":
+        return eagle3_cli_args(draft_dir, spec)
+    if "--speculative-draft-model-path" in args:
+        args[args.index("--speculative-draft-model-path") + 1] = str(Path(draft_dir).resolve())
+    return args
 
 
 def eagle3_cli_args(draft_dir: Path, spec: Mapping[str, int]) -> list[str]:
@@ -411,6 +439,10 @@ def evaluate_live(
         "speculative": spec,
     }
     skip = skip_reason(evaluate, server, device)
+    algorithm, _ = draft_algorithm(draft_dir)
+    if skip is None and device == "cpu" and algorithm not in CPU_ALGORITHMS:
+        skip = (f"SGLang 0.5.23 serves --speculative-algorithm {algorithm} on CUDA only (it refuses the CPU platform "
+                "before loading); the GPU bench measures it (docs/methods.md)")  # fmt: skip
     if skip is not None:
         return _write(
             run_dir,
@@ -434,7 +466,7 @@ def evaluate_live(
         )  # fmt: skip
 
     try:
-        eagle3, eagle3_out = serve("eagle3", eagle3_cli_args(draft_dir, spec), eagle3_env(device))
+        eagle3, eagle3_out = serve("eagle3", draft_cli_args(draft_dir, spec), eagle3_env(device))
     except ServerError as e:
         reason = unsupported_reason(e)
         if reason is None:

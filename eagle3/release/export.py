@@ -43,9 +43,10 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save
 
+from eagle3.config import TrainConfig
 from eagle3.convert.vocab import check_vocab_map
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
-from eagle3.draft.load import checkpoint_method
+from eagle3.draft.load import checkpoint_method, checkpoint_train
 from eagle3.draft.method import DraftMethod
 from eagle3.draft.shape import DraftConfig
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
@@ -123,10 +124,13 @@ def sglang_args(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-def _check_weights(path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfig, method: DraftMethod) -> None:
-    """The checkpoint holds exactly the draft's trainable tensors, in its shapes, and a consistent vocab map."""
+def _check_weights(
+    path: Path, weights: dict[str, torch.Tensor], cfg: DraftConfig, method: DraftMethod, train: TrainConfig | None
+) -> None:
+    """The checkpoint holds exactly the draft's trainable tensors (of the draft its train settings build), in its
+    shapes, and a consistent vocab map."""
     with torch.device("meta"):
-        draft = method.build(cfg)
+        draft = method.build(cfg, train=train)
         expected = {k: tuple(v.shape) for k, v in draft.trainable_state_dict().items()}  # type: ignore[operator]
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
@@ -266,6 +270,16 @@ def export_draft(
             f"{model_dir} fingerprints as {model_sha[:12]}..., run.json recorded {info.model_sha256[:12]}... at "
             "extraction: serve the draft with the model it was trained on"
         )
+    sglang_config = method.sglang_config(
+        cfg,
+        layers.layer_ids,
+        aux_layers=list(layers.aux_layers),
+        model_type=str(target_cfg.get("model_type", "")),
+        train=checkpoint_train(ckpt),
+    )
+    serve_args = ["--model-path", str(model_dir.resolve()), "--speculative-algorithm", method.algorithm,
+                  "--speculative-draft-model-path", str(out_dir.resolve()),
+                  *method.serve_flags(checkpoint_train(ckpt), speculative_tokens)]  # fmt: skip
     meta = {"format": EXPORT_FORMAT, "checkpoint_sha256": ckpt_sha}
     sglang_bytes = save(tensors, metadata=meta)
     spec_config = method.speculators_config(
@@ -301,13 +315,12 @@ def export_draft(
         num_parameters=sum(v.numel() for k, v in tensors.items() if v.is_floating_point()),
         weights_bytes=len(sglang_bytes),
         speculators_weights_bytes=len(spec_bytes),
-        sglang_args=sglang_args(model_dir.resolve(), out_dir.resolve(), steps=speculative_tokens,
-                                algorithm=method.algorithm),
+        sglang_args=serve_args,
         notes=notes,
     )
 
     def write(tmp: Path) -> None:
-        atomic_write_json(tmp / "config.json", method.sglang_config(cfg, layers.layer_ids))
+        atomic_write_json(tmp / "config.json", sglang_config)
         atomic_write_bytes(tmp / WEIGHTS, sglang_bytes)
         counter.add()
         if spec_config is not None:
@@ -353,7 +366,7 @@ def _draft_tensors(
     if d2t is None:
         raise ExportError(f"{ckpt}/{WEIGHTS}: no d2t (draft vocab map); was it written by eagle3's trainer?")
     cfg = DraftConfig.from_target(target_cfg, num_aux=num_aux, draft_vocab_size=len(d2t))
-    _check_weights(ckpt / WEIGHTS, weights, cfg, method)
+    _check_weights(ckpt / WEIGHTS, weights, cfg, method, checkpoint_train(ckpt))
     tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sorted(weights.items())}
     tensors["d2t"], tensors["t2d"] = weights["d2t"].to(torch.int64), weights["t2d"].to(torch.bool)
     return cfg, tensors

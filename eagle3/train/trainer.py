@@ -208,7 +208,7 @@ class Trainer:
         d2t, t2d = load_vocab_map(run_dir)
         self.method = method_named(self.cfg.method)
         try:
-            self.method.check(self.cfg)
+            self.method.check(self.cfg, target_cfg)
             self.aux_layers = self.method.layers(info.aux_layers, info.num_layers, self.cfg.aux_layers)
         except MethodError as e:
             raise TrainError(f"{run_dir}/run.json: {e}") from None
@@ -263,7 +263,9 @@ class Trainer:
         dtype = torch.bfloat16 if self.bf16 else torch.float32
         target = load_target_tensors(Path(job.model_dir), target_head_keys(target_cfg))
         torch.manual_seed(self.cfg.seed)  # the same initial draft on every rank
-        self.module = self.method.build(dcfg, target["embedding"].to(dtype)).to(device)
+        self.module = self.method.build(
+            dcfg, target["embedding"].to(dtype), lm_head=target["lm_head"].to(dtype), train=self.cfg
+        ).to(device)
         self.model: DraftModule = self.module  # type: ignore[assignment]  # the method's draft is a DraftModule
         self.model.set_vocab_map(d2t.to(device), t2d.to(device))
         self.warm: WarmStart | None = None

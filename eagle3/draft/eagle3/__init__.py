@@ -53,13 +53,21 @@ class Eagle3Method:
             return list(store_layers)
         return pick_layers(self.name, store_layers, requested, default_layers(num_layers))
 
-    def check(self, cfg: TrainConfig) -> None:
+    def check(self, cfg: TrainConfig, target: dict[str, Any] | None = None) -> None:
         """Every setting of the train section is one EAGLE-3 trains with."""
 
     def positions(self, cfg: TrainConfig) -> int:
         return cfg.ttt_steps
 
-    def build(self, cfg: DraftConfig, embedding: Tensor | None = None) -> nn.Module:
+    def build(
+        self,
+        cfg: DraftConfig,
+        embedding: Tensor | None = None,
+        *,
+        lm_head: Tensor | None = None,
+        train: TrainConfig | None = None,
+    ) -> nn.Module:
+        """The draft has its own lm_head over the draft vocabulary: the target's is not kept."""
         return Eagle3Draft(cfg, embedding, self.flags)
 
     def loss(
@@ -83,7 +91,15 @@ class Eagle3Method:
     def drafter(self, model: nn.Module) -> Drafter:
         return EagleDrafter(cast(Eagle3Draft, model))
 
-    def sglang_config(self, cfg: DraftConfig, layer_ids: list[int]) -> dict[str, Any]:
+    def sglang_config(
+        self,
+        cfg: DraftConfig,
+        layer_ids: list[int],
+        *,
+        aux_layers: list[int],
+        model_type: str,
+        train: TrainConfig | None = None,
+    ) -> dict[str, Any]:
         return serving.sglang_config(cfg, layer_ids, self.flags)
 
     def speculators_config(
@@ -101,6 +117,11 @@ class Eagle3Method:
 
     def speculators_key(self, name: str) -> str:
         return serving.speculators_key(name)
+
+    def serve_flags(self, train: TrainConfig | None, speculative_tokens: int) -> list[str]:
+        k = speculative_tokens
+        return ["--speculative-num-steps", str(k), "--speculative-eagle-topk", "1",
+                "--speculative-num-draft-tokens", str(k + 1)]  # fmt: skip
 
 
 METHOD = Eagle3Method("eagle3", Eagle3Flags())

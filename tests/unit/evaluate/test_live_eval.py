@@ -192,3 +192,20 @@ def test_any_other_launch_failure_is_raised() -> None:
         unsupported_reason(ServerError("SGLang exited with code 1 while starting; log x:\nOSError: out of memory"))
         is None
     )
+
+
+def test_a_block_drafter_is_served_with_its_exports_flags_and_an_eagle3_draft_with_evaluates(tmp_path: Path) -> None:
+    from eagle3.evaluate.live import draft_algorithm, draft_cli_args
+
+    spec = {"num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    eagle = tmp_path / "eagle"
+    eagle.mkdir()
+    assert draft_algorithm(eagle) == ("EAGLE3", [])  # no export.json: an EAGLE-3 directory
+    assert draft_cli_args(eagle, spec)[:2] == ["--speculative-algorithm", "EAGLE3"]
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "export.json").write_text(json.dumps({"speculative_algorithm": "DFLASH", "sglang_args": [
+        "--model-path", "/m", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/old",
+        "--speculative-num-draft-tokens", "16"]}))  # fmt: skip
+    assert draft_cli_args(block, spec) == ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                                           str(block.resolve()), "--speculative-num-draft-tokens", "16"]  # fmt: skip

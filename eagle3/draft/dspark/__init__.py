@@ -1,0 +1,66 @@
+"""DSpark (DeepSeek; served by SGLang 0.5.23's DSparkDraftModel): DFlash's block backbone (eagle3/draft/dflash/) with
+a low-rank Markov head that corrects each drafted token's logits from the token before it, and a confidence head
+(model.py). Trained as DFlash (random anchors, the block in one forward, position-weighted cross-entropy, here over
+the Markov-corrected logits, teacher-forced on the data's previous token) plus the confidence head's cross-entropy
+against whether each position's argmax is the target's token.
+
+    model.py    the Markov and confidence heads on DFlash's draft, SGLang's key names; the semi-autoregressive drafting
+    serving.py  config.json
+
+May import: eagle3.config, eagle3.draft, eagle3.target
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor, nn
+
+from eagle3.draft.dflash import DFlashMethod, mask_token_id
+from eagle3.draft.dflash import serving as dflash_serving
+from eagle3.draft.dspark import serving
+from eagle3.draft.dspark.model import DSparkDraft
+from eagle3.draft.shape import DraftConfig, DraftConfigError
+
+if TYPE_CHECKING:
+    from eagle3.config import TrainConfig
+
+
+class DSparkMethod(DFlashMethod):
+    name = "dspark"
+    algorithm = "DSPARK"
+    speculators_note = "speculators' format has no DSpark layout we could check here; serve the SGLang directory"
+
+    def build(
+        self,
+        cfg: DraftConfig,
+        embedding: Tensor | None = None,
+        *,
+        lm_head: Tensor | None = None,
+        train: TrainConfig | None = None,
+    ) -> nn.Module:
+        mask = mask_token_id(cfg, train)
+        if mask >= cfg.vocab_size:
+            raise DraftConfigError(
+                f"train.mask_token_id {mask} is not below the target's vocab_size {cfg.vocab_size} (SGLang refuses "
+                "it); choose a token id of the target"
+            )
+        return DSparkDraft(cfg, num_layers=cfg.num_aux, block_size=train.block_size if train is not None else 16,
+                           mask_token_id=mask, markov_rank=train.markov_rank if train is not None else 256,
+                           embed_weight=embedding, lm_head=lm_head)  # fmt: skip
+
+    def sglang_config(
+        self, cfg: DraftConfig, layer_ids: list[int], *, aux_layers: list[int], model_type: str,
+        train: TrainConfig | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        return serving.sglang_config(
+            cfg,
+            num_layers=cfg.num_aux,
+            block_size=train.block_size if train is not None else 16,
+            mask_token_id=mask_token_id(cfg, train),
+            markov_rank=train.markov_rank if train is not None else 256,
+            layer_ids=dflash_serving.target_layer_ids(aux_layers, model_type),
+        )
+
+
+METHOD = DSparkMethod()
