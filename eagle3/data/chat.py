@@ -219,7 +219,9 @@ class ChatTokenizer:
         *,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        context_length: int | None = None,
     ):
+        self.context_length = context_length  # the target's max_position_embeddings: no sample is longer
         if chat_template is not None:  # data.chat_template: replaces the tokenizer's own
             tokenizer.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})  # data.chat_template_kwargs, e.g. enable_thinking
@@ -243,8 +245,12 @@ class ChatTokenizer:
 
     @classmethod
     def from_model_dir(cls, model_dir: Path, data: DataConfig | None = None) -> ChatTokenizer:
-        """The model's tokenizer, with `data.chat_template` (a Jinja file) and `data.chat_template_kwargs`."""
+        """The model's tokenizer, with `data.chat_template` (a Jinja file) and `data.chat_template_kwargs`, and the
+        model's context length (config.json's max_position_embeddings, when it has one)."""
         from transformers import AutoTokenizer
+
+        from eagle3.target.files import read_target_config
+        from eagle3.target.layout import text_config
 
         template = None
         if data is not None and data.chat_template is not None:
@@ -253,9 +259,9 @@ class ChatTokenizer:
                 raise ChatTemplateError(f"data.chat_template: {path} does not exist (a Jinja chat template file)")
             template = path.read_text(encoding="utf-8")
         kwargs = data.chat_template_kwargs if data is not None else None
-        return cls(
-            AutoTokenizer.from_pretrained(model_dir), str(model_dir), chat_template=template, template_kwargs=kwargs
-        )
+        context = text_config(read_target_config(model_dir)).get("max_position_embeddings")
+        return cls(AutoTokenizer.from_pretrained(model_dir), str(model_dir), chat_template=template,
+                   template_kwargs=kwargs, context_length=int(context) if context else None)  # fmt: skip
 
     def render(
         self, messages: list[Message], add_generation_prompt: bool = False, tools: list[Tool] | None = None
@@ -496,11 +502,14 @@ class ChatTokenizer:
                 j += 1
             if j < len(spans) and s < spans[j][1] and e > spans[j][0]:
                 mask[i] = 1
-        if len(ids) > max_length:
+        limit, what = max_length, f"data.max_length={max_length}"
+        if self.context_length is not None and self.context_length < max_length:
+            limit, what = self.context_length, f"the target's context ({self.context_length}: max_position_embeddings)"
+        if len(ids) > limit:
             if not truncate:
-                raise RowError(f"too long: {len(ids)} tokens > data.max_length={max_length} (or set data.truncate)")
-            ids, mask = ids[:max_length], mask[:max_length]
+                raise RowError(f"too long: {len(ids)} tokens > {what} (or set data.truncate)")
+            ids, mask = ids[:limit], mask[:limit]
             if not any(mask):
-                raise RowError(f"no assistant tokens within the first data.max_length={max_length} tokens")
+                raise RowError(f"no assistant tokens within the first {limit} tokens ({what})")
             return Tokenized(ids, mask, truncated=True)
         return Tokenized(ids, mask)
