@@ -329,3 +329,25 @@ def test_prepare_on_the_tiny_qwen3_keeps_every_schema_and_loses_only_the_rows_it
     reasons = {b.row: b.reason for b in m.bad_rows}
     assert sorted(reasons) == [0, 1, 3, 4] and "set data.chat_template" in reasons[0]
     assert reasons[0].startswith("message 1 (a tool call): the chat template has no tool support")
+
+
+def test_the_tool_call_evaluation_set_prompts_end_with_a_tool_result_and_render_with_their_tools(
+    qwen3: ChatTokenizer,
+) -> None:
+    """data/eval_tool_calls.jsonl (written for this project): each prompt ends with a tool's result, so the draft is
+    measured on the assistant's turn after it; rendered with the row's tools as a served request is."""
+    from eagle3.data.eval_sets import chat_rows, prompt_conversation
+
+    rows = chat_rows(ASSETS.parents[1] / "data" / "eval_tool_calls.jsonl")
+    assert len(rows) >= 16 and all(error is None for _, _, error in rows)
+    categories = set()
+    for _, row, _ in rows:
+        assert row is not None
+        categories.add(row["category"])
+        messages, tools = prompt_conversation(row)
+        assert messages[-1]["role"] == "tool" and tools
+        assert any(m.get("tool_calls") for m in messages)
+        text = qwen3.render(messages, add_generation_prompt=True, tools=tools)
+        assert text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+        assert all(t["function"]["name"] in text for t in tools)
+    assert len(categories) >= 8 and "parallel" in categories and "multi-step" in categories
