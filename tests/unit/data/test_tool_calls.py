@@ -351,3 +351,35 @@ def test_the_tool_call_evaluation_set_prompts_end_with_a_tool_result_and_render_
         assert text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
         assert all(t["function"]["name"] in text for t in tools)
     assert len(categories) >= 8 and "parallel" in categories and "multi-step" in categories
+
+
+def test_a_grow_intake_of_served_logs_with_tool_calls_appends_only_the_new_conversations(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    """Nightly files of served traffic (docs/gpu-node.md): the second night's file adds its new tool-call
+    conversations; one the store holds (logged with its arguments as an object this time) is known, not added again,
+    and a row the template cannot render is a bad row of that intake."""
+    from eagle3.config import PipelineConfig
+    from eagle3.data.prepare import prepare
+    from eagle3.store.run_store import RunStore
+
+    traffic = tmp_path / "traffic"
+    traffic.mkdir()
+    (traffic / "2026-12-01.jsonl").write_text(json.dumps(openai_row()) + "\n")
+    cfg = PipelineConfig.model_validate(
+        {"run_dir": str(tmp_path / "run"), "data": {"dataset": str(traffic), "chat_template": str(QWEN3)}}
+    )
+    store = RunStore(cfg.run_dir)
+    model = tiny_models["Qwen3ForCausalLM"]
+    first = prepare(cfg, store, model)
+    assert first.num_samples == 1
+    lyon = openai_row({"city": "Lyon"})
+    night2 = [SCHEMAS["openai, arguments as an object"], lyon, openai_row("{oops")]
+    (traffic / "2026-12-02.jsonl").write_text("".join(json.dumps(r) + "\n" for r in night2))
+    grown = prepare(cfg, store, model)
+    intake = grown.intakes[-1]
+    assert list(intake.files) == [str(traffic / "2026-12-02.jsonl")]
+    assert (intake.new_samples, intake.known_samples, intake.bad_rows) == (1, 1, 1)
+    assert grown.num_samples == 2 and grown.shards == [1, 1]
+    (added,) = store.prepared_samples(1)
+    assert added.sample_id == sample_id(normalize_row(lyon), row_tools(lyon)) and added.source.endswith("02.jsonl:1")
