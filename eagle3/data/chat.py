@@ -9,6 +9,12 @@ token that opens the chunk after it (ChatML `<|im_end|>`, Llama-3 `<|eot_id|>`, 
 `<end_of_turn>`). Token i is in the loss when its character span (fast-tokenizer offsets) overlaps
 one of those spans. Anything the template does that breaks this reconstruction is a bad row, never a
 silently wrong mask.
+
+Tool calls (eagle3/data/tool_calls.py) extend the same method: each call's function name is a sentinel too, and in a
+conversation with tool calls every system, user and tool content is one, so the chunks are the template's own text
+alone. A turn's span then runs from the end of its header (the chunk before its content when the turn is rendered
+as its content alone) through the end-of-turn token after its last call: its reasoning, text and calls in the
+template's call syntax. Tool results are context.
 """
 
 from __future__ import annotations
