@@ -16,6 +16,8 @@ from eagle3.data.chat import Message, normalize_row, row_tools, sample_id
 from eagle3.data.prepare import prepare
 from eagle3.store.run_store import RunStore
 
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
 QWEN3 = Path(__file__).resolve().parents[1] / "assets" / "qwen3_tools_template.jinja"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 CHAT = {
