@@ -383,3 +383,23 @@ def test_a_grow_intake_of_served_logs_with_tool_calls_appends_only_the_new_conve
     assert grown.num_samples == 2 and grown.shards == [1, 1]
     (added,) = store.prepared_samples(1)
     assert added.sample_id == sample_id(normalize_row(lyon), row_tools(lyon)) and added.source.endswith("02.jsonl:1")
+
+
+def test_qwen3_style_keeps_the_thinking_of_every_tool_step_after_the_query_and_drops_it_before(
+    qwen3: ChatTokenizer,
+) -> None:
+    steps = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "Need the tool.",
+         "tool_calls": [{"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+        {"role": "tool", "content": '{"temp": 20}'},
+        {"role": "assistant", "content": "It is 20 C.", "reasoning_content": "The tool says 20."},
+    ]  # fmt: skip
+    call = '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>'
+    check_exact(qwen3, {"messages": steps}, [
+        "<think>\nNeed the tool.\n</think>\n\nChecking." + call,
+        "<think>\nThe tool says 20.\n</think>\n\nIt is 20 C.<|im_end|>",
+    ])  # fmt: skip
+    later = [*steps, {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "Welcome."}]
+    text = check_exact(qwen3, {"messages": later}, ["Checking." + call, "It is 20 C.<|im_end|>", "Welcome.<|im_end|>"])
+    assert "Need the tool." not in text  # the template drops thinking before the last user query: not in the loss
