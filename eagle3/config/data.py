@@ -116,6 +116,16 @@ class SynthesizeConfig(StrictModel):
         "(as the user, from the conversation so far; eagle3/data/prompts.py) and answers each. 0: none.",
     )
 
+    regenerate: Literal["all", "recorded", "last", "none"] = Field(
+        "all",
+        description="Which assistant turns of a multi-turn or tool-call conversation the target writes again. "
+        "`all`: every one, each from the conversation with the turns before it already regenerated (a conversation "
+        "with tool calls: from the recorded history, as `recorded`, since a regenerated call would not match the "
+        "tool result recorded after it). `recorded`: every one, each from the recorded history before it (tool "
+        "results as recorded). `last`: only the last one, from the recorded history. `none`: keep the served turns "
+        "(served traffic already is the target's own output; only the user_turns appended are generated).",
+    )
+
     @model_validator(mode="after")
     def _samples_need_sampling(self) -> SynthesizeConfig:
         if self.samples_per_prompt > 1 and self.temperature == 0:
@@ -132,7 +142,7 @@ class SynthesizeConfig(StrictModel):
         key = self.model_dump(
             mode="json", exclude={"batch_size", "concurrency", "request_timeout_s", "request_retries", "on_truncated"}
         )
-        for name in ("samples_per_prompt", "include_greedy", "user_turns"):
+        for name in ("samples_per_prompt", "include_greedy", "user_turns", "regenerate"):
             if key[name] == SynthesizeConfig.model_fields[name].default:
                 del key[name]
         return key

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from eagle3.config import DataConfig, EvalSetConfig
-from eagle3.data.chat import RowError, normalize_row
+from eagle3.data.chat import RowError, normalize_row, row_tools
 from eagle3.data.prepare import read_rows
+from eagle3.data.tool_calls import Tool
 
 
 class EvalError(ValueError):
@@ -66,7 +67,8 @@ def humaneval_rows(spec: str) -> list[dict[str, Any]]:
 
 
 def prompt_messages(row: dict[str, Any]) -> list[Any]:
-    """The turns before the row's last assistant turn, or all of them when it ends with a user turn."""
+    """The turns before the row's last assistant turn, or all of them when it ends with a user turn or a tool result
+    (an agentic prompt: the draft predicts the assistant's next turn, after the tool's result)."""
     try:
         messages = normalize_row(row)
     except RowError as e:
@@ -75,12 +77,18 @@ def prompt_messages(row: dict[str, Any]) -> list[Any]:
         key = "messages" if row.get("messages") is not None else "conversations"
         answer = {"role": "assistant", "content": "."} if key == "messages" else {"from": "gpt", "value": "."}
         return normalize_row({**row, key: [*row[key], answer]})[:-1]  # a request: the turns up to its user turn
-    if messages[-1]["role"] == "user":
+    if messages[-1]["role"] in ("user", "tool"):
         return messages
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=0)
     if last == 0:
         raise RowError("no turn before the assistant turn to use as the prompt")
     return messages[:last]
+
+
+def prompt_conversation(row: dict[str, Any]) -> tuple[list[Any], list[Tool] | None]:
+    """The row's prompt (prompt_messages) and its tools, to render as the target renders a request with tools:
+    `chat.render(messages, add_generation_prompt=True, tools=tools)`."""
+    return prompt_messages(row), row_tools(row)
 
 
 def chat_rows(path: Path) -> list[tuple[int, dict[str, Any] | None, str | None]]:

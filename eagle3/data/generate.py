@@ -22,6 +22,7 @@ from typing import Any
 
 from eagle3.config import ServerConfig, SynthesizeConfig
 from eagle3.data.chat import ChatTokenizer, Message, split_reasoning
+from eagle3.data.tool_calls import Tool
 from eagle3.device import resolve_device
 from eagle3.progress import Progress, ProgressCounter
 from eagle3.store.fsio import read_json
@@ -47,9 +48,10 @@ class Turn:
 
 
 # one turn: prompt ids, stop ids, the text of the generated ids --------------------------------------
-def prompt_ids(chat: ChatTokenizer, messages: list[Message]) -> list[int]:
-    """The conversation so far, rendered as prepare renders it, plus the assistant header: the model's input."""
-    text = chat.render(messages, add_generation_prompt=True)
+def prompt_ids(chat: ChatTokenizer, messages: list[Message], tools: list[Tool] | None = None) -> list[int]:
+    """The conversation so far, rendered as prepare renders it (with the row's tools), plus the assistant header:
+    the model's input."""
+    text = chat.render(messages, add_generation_prompt=True, tools=tools)
     return list(chat.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

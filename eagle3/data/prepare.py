@@ -25,12 +25,13 @@ from typing import Any
 import pyarrow as pa
 
 from eagle3.config import DataConfig, DataSource, PipelineConfig
-from eagle3.data.chat import ChatTokenizer, RowError, RowFormat, normalize_row, sample_id
+from eagle3.data.chat import ChatTokenizer, RowError, RowFormat, normalize_row, row_tools, sample_id
 from eagle3.data.sources.common import RawRow, Rows, SourceError, SourceFile, chain_rows, data_sources, file_sha256
 from eagle3.data.sources.hub import hub_fingerprint, hub_name, is_hub, read_hub
 from eagle3.data.sources.local import list_source_files, read_local
 from eagle3.data.sources.saved import is_saved_dataset
 from eagle3.data.synthesis_key import SYNTH, check_synthesis, legacy_current
+from eagle3.data.tool_calls import conversation_json
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_bytes
 from eagle3.store.run_store import DATA_MIX_KEYS, PREPARED_SCHEMA, BadRow, Intake, PreparedManifest, RunStore
@@ -212,9 +213,10 @@ def _tokenize_rows(
                 raise RowError(raw.error)
             assert raw.data is not None
             messages = normalize_row(raw.data, fmt or data.format)
-            sid = sample_id(messages)
+            tools = row_tools(raw.data)
+            sid = sample_id(messages, tools)
             skip = sid in known or sid in seen  # the store holds it, or this pass did: no tokenizing
-            tok = None if skip else chat.tokenize(messages, data.max_length, data.truncate)
+            tok = None if skip else chat.tokenize(messages, data.max_length, data.truncate, tools)
         except RowError as e:
             if data.on_bad_row == "fail":
                 raise BadRowError(
@@ -242,7 +244,7 @@ def _tokenize_rows(
                 "loss_mask": tok.loss_mask,
                 "num_tokens": len(tok.input_ids),
                 "source": raw.origin or f"{raw.file}:{raw.row}",
-                "messages": json.dumps(messages, ensure_ascii=False),
+                "messages": conversation_json(messages, tools),
             }
         )
         counter.add(1, tokens=len(tok.input_ids))

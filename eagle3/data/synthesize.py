@@ -69,6 +69,7 @@ from eagle3.data.synthesis_key import (
     synthesis_fingerprint,
     synthesized_key,
 )
+from eagle3.data.tool_calls import Tool, has_tools, read_conversation
 from eagle3.data.user_turns import clean_user_text, next_user_messages, sample_seed
 from eagle3.progress import Progress, ProgressCounter, ProgressFn, TokenEstimate, no_progress
 from eagle3.serving.generation import GenerationClient, GenerationFailed, Server
@@ -120,30 +121,50 @@ class Job:
     source_id: str = ""  # the source sample's id ("" : sample_id)
     temperature: float | None = None  # None: synthesize.temperature
     user_turns: int = 0  # user turns the target writes after the source's own turns (synthesize.user_turns)
+    tools: list[Tool] | None = None  # the row's tool definitions, rendered with every prompt
+    regenerate: str = "all"  # which of the source's assistant turns are generated (synthesize.regenerate)
 
 
-def expand_jobs(sample_id: str, source: str, messages: list[Message], scfg: SynthesizeConfig) -> list[Job]:
+def expand_jobs(
+    sample_id: str, source: str, messages: list[Message], scfg: SynthesizeConfig, tools: list[Tool] | None = None
+) -> list[Job]:
     """The jobs of one source sample: samples_per_prompt of them; the first greedy with include_greedy."""
     greedy_first = scfg.include_greedy
     keys = sample_keys(sample_id, scfg.samples_per_prompt)
     temps = [0.0 if k == 0 and greedy_first else scfg.temperature for k in range(len(keys))]
-    return [Job(key, source, messages, sample_id, t, scfg.user_turns) for key, t in zip(keys, temps, strict=True)]
+    return [Job(key, source, messages, sample_id, t, scfg.user_turns, tools, scfg.regenerate)
+            for key, t in zip(keys, temps, strict=True)]  # fmt: skip
 
 
 def pending_turns(job: Job) -> tuple[list[Message], list[int]]:
     """The conversation to fill in (the source's turns, then user_turns pairs of empty user and assistant turns)
-    and the positions to generate, in order: every assistant turn, and the appended user turns."""
+    and the positions to generate, in order: the source's assistant turns synthesize.regenerate names (all; the
+    last; none), then the appended turns."""
     conv: list[Message] = [dict(m) for m in job.messages]
     for _ in range(job.user_turns):
         conv += [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-    return conv, [i for i, m in enumerate(conv) if m["role"] == "assistant" or i >= len(job.messages)]
+    own = [i for i, m in enumerate(job.messages) if m["role"] == "assistant"]
+    own = {"none": [], "last": own[-1:]}.get(job.regenerate, own)
+    return conv, own + list(range(len(job.messages), len(conv)))
 
 
-def turn_prompt(conv: list[Message], position: int) -> list[Message]:
-    """What the model is asked for the turn at `position`: the conversation so far, or, for a user turn, to write
-    the user's next message (eagle3/data/user_turns.py)."""
+def recorded_history(job: Job) -> list[Message] | None:
+    """The source's turns when each of its assistant turns is generated from the recorded history before it
+    (synthesize.regenerate recorded or last; and `all` on a conversation with tool calls: a regenerated call would
+    not match the tool result recorded after it); None: from the conversation so far, earlier turns regenerated."""
+    if job.regenerate in ("recorded", "last") or (job.regenerate == "all" and has_tools(job.messages, job.tools)):
+        return job.messages
+    return None
+
+
+def turn_prompt(conv: list[Message], position: int, recorded: list[Message] | None = None) -> list[Message]:
+    """What the model is asked for the turn at `position`: the conversation so far (for one of the source's turns,
+    the `recorded` one when given), or, for a user turn, to write the user's next message
+    (eagle3/data/user_turns.py)."""
     if conv[position]["role"] == "user":
         return next_user_messages(conv[:position])
+    if recorded is not None and position < len(recorded):
+        return recorded[:position]
     return conv[:position]
 
 
@@ -195,7 +216,7 @@ def _claim_dir(store: RunStore, key: SynthesizedKey) -> None:
 
 def _record(job: Job, messages: list[Message], turns: list[Turn]) -> dict[str, Any]:
     answers = [t for t in turns if t.role == "assistant"]
-    return {
+    return ({"tools": job.tools} if job.tools else {}) | {
         "source": job.source,
         "source_sample_id": job.source_id or job.sample_id,
         "sample": job.sample_id,
@@ -228,12 +249,17 @@ def regenerate(
         positions.append(pos)
     turns: list[list[Turn]] = [[] for _ in jobs]
     alive = set(range(len(jobs)))
+    for ci, p in enumerate(positions):
+        if not p:  # nothing to generate (synthesize.regenerate: none): the served turns as they are
+            on_done(jobs[ci], convs[ci], [])
     for r in range(max((len(p) for p in positions), default=0)):
         prompts: dict[int, str] = {}
         for ci, p in enumerate(positions):
             if ci in alive and len(p) > r:
+                job = jobs[ci]
                 try:
-                    prompts[ci] = chat.render(turn_prompt(convs[ci], p[r]), add_generation_prompt=True)
+                    prompt = turn_prompt(convs[ci], p[r], recorded_history(job))
+                    prompts[ci] = chat.render(prompt, add_generation_prompt=True, tools=job.tools)
                 except RowError as e:
                     alive.discard(ci)
                     on_failed(jobs[ci], str(e))
@@ -261,10 +287,11 @@ def regenerate_one(client: GenerationClient, chat: ChatTokenizer, job: Job) -> t
     conv, positions = pending_turns(job)
     turns = []
     temperature = _temperature(job, client.scfg)
+    recorded = recorded_history(job)
     for k, i in enumerate(positions):
         seed = sample_seed(client.scfg.seed, job.sample_id, k)
-        out = client.generate(prompt_ids(chat, turn_prompt(conv, i)), sample_id=job.sample_id, turn=k,
-                              temperature=temperature, seed=seed)  # fmt: skip
+        ids = prompt_ids(chat, turn_prompt(conv, i, recorded), job.tools)
+        out = client.generate(ids, sample_id=job.sample_id, turn=k, temperature=temperature, seed=seed)
         placed, goes_on = apply_turn(conv, i, turn_of(chat, out.output_ids, client.stop_ids, out.finish_reason))
         turns.append(placed)
         if not goes_on:
@@ -324,8 +351,9 @@ def _jobs(store: RunStore, source: PreparedManifest, scfg: SynthesizeConfig) -> 
             continue
         table = store.synthesis_source().read_prepared_shard(shard).to_pydict()
         jobs = []
-        for sid, src, msgs in zip(table["sample_id"], table["source"], table["messages"], strict=True):
-            for job in expand_jobs(sid, src, json.loads(msgs), scfg):
+        for sid, src, text in zip(table["sample_id"], table["source"], table["messages"], strict=True):
+            messages, tools = read_conversation(text)
+            for job in expand_jobs(sid, src, messages, scfg, tools):
                 if sample_checkpoint_path(store, job.sample_id).is_file():
                     done += 1
                 else:
@@ -431,7 +459,9 @@ def synthesize(
     _collect_shards(store, source, n)
     summary = _summarize(store, source, cfg.synthesize, final, failed)
     rows = (
-        RawRow(*_file_row(rec["source"]), {"messages": rec["messages"]}, origin=rec["source"])
+        RawRow(
+            *_file_row(rec["source"]), {"messages": rec["messages"], "tools": rec.get("tools")}, origin=rec["source"]
+        )
         for rec in _records(store, source, n)
         if not (cfg.synthesize.on_truncated == "drop" and rec.get("unfinished_turns", 0))
     )

@@ -6,8 +6,15 @@ packed rows, and a background reader.
 
 A batch is one packed row of up to `batch_tokens` tokens holding whole documents (samples), padded to
 exactly `batch_tokens` so every step has one shape; attention never crosses documents (model.py masks by
-document id). The plan of epoch e depends only on (seed, e): shuffle, sort windows of samples by length,
-fill rows first-fit in that order, shuffle the rows. Rank r of W takes rows r, r+W, ... so resuming at a
+document id). A sample longer than `batch_tokens` is a row of its own, whole: a longer step, padded to a multiple
+of `batch_tokens` (row_tokens; few shapes for the compiled step). Not a split: the draft attends over every
+position before the one it predicts, as it does in serving (its KV cache holds the whole context), and a split
+would train the tokens after a cut without the context before it, at positions restarted from 0: exactly the
+long-context behaviour the sample is there to teach. FlexAttention (CUDA) and the blocked dense attention (CPU)
+keep the step's attention memory linear in its length (eagle3/draft/layers.py).
+
+The plan of epoch e depends only on (seed, e): shuffle, sort windows of samples by length, fill rows first-fit in
+that order, shuffle the rows. Rank r of W takes rows r, r+W, ... so resuming at a
 step needs nothing but (epoch, rows consumed).
 
 FP8 stores: a row holds the float8_e4m3fn bytes and float32 scales as read (half the bytes of bf16 from disk
@@ -77,8 +84,14 @@ def load_vocab_map(run_dir: Path) -> tuple[Tensor, Tensor]:
     return d2t, t2d
 
 
+def row_tokens(num_tokens: int, batch_tokens: int) -> int:
+    """The length of a row holding `num_tokens` real tokens: batch_tokens, or for one sample longer than that, the
+    next multiple of batch_tokens (a longer step)."""
+    return max(1, -(-num_tokens // batch_tokens)) * batch_tokens
+
+
 def plan_epoch(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> list[list[int]]:
-    """Rows of sample indices for one epoch; a sample longer than batch_tokens gets a row of its own (cut)."""
+    """Rows of sample indices for one epoch; a sample longer than batch_tokens gets a row of its own (whole)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(lengths), generator=g).tolist()
     rows: list[list[int]] = []
@@ -176,18 +189,18 @@ def _pread_into(fd: int, offset: int, dst: Tensor, where: Path) -> None:
         done += got
 
 
-def read_row(
-    paths: list[Path], batch_tokens: int, pin: bool = False, layers: list[int] | None = None
-) -> PackedBatch:
-    """The samples at `paths` packed into one row of exactly batch_tokens tokens (each cut to batch_tokens),
-    read straight from the files into the row's (pinned) buffers: no intermediate copy. FP8 samples stay FP8
-    (with their scales) here; `PackedBatch.dequantized` converts them on the device. `layers`: positions in the
-    store's aux layers to keep (a draft that reads a subset of them), in that order; None: all."""
+def read_row(paths: list[Path], batch_tokens: int, pin: bool = False, layers: list[int] | None = None) -> PackedBatch:
+    """The samples at `paths` packed into one row of exactly batch_tokens tokens (one sample longer than that: a row
+    of row_tokens, the sample whole), read straight from the files into the row's (pinned) buffers: no
+    intermediate copy. FP8 samples stay FP8 (with their scales) here; `PackedBatch.dequantized` converts them on
+    the device. `layers`: positions in the store's aux layers to keep (a draft that reads a subset of them), in
+    that order; None: all."""
     layouts = [read_layout(p) for p in paths]
-    counts = [min(lay.num_tokens, batch_tokens) for lay in layouts]
+    counts = [lay.num_tokens for lay in layouts]
     n = sum(counts)
-    if n > batch_tokens:
-        raise DataError(f"{n} tokens do not fit in train.batch_tokens={batch_tokens}")
+    if n > batch_tokens and len(paths) > 1:
+        raise DataError(f"{n} tokens of {len(paths)} samples do not fit in train.batch_tokens={batch_tokens}")
+    batch_tokens = row_tokens(n, batch_tokens)
     _, k, h = layouts[0].shapes["aux_hidden_states"]
     dtype = layouts[0].dtype
     for lay in layouts[1:]:

@@ -72,12 +72,13 @@ def split_heldout(
 
 
 def heldout_rows(heldout: list[Sample], batch_tokens: int, max_tokens: int) -> list[list[Sample]]:
-    """The measured held-out samples (the first ones in index order while their tokens, each cut to batch_tokens,
-    stay within max_tokens; at least one), packed in that order into rows of at most batch_tokens."""
+    """The measured held-out samples (the first ones in index order while their tokens stay within max_tokens; at
+    least one), packed in that order into rows of at most batch_tokens (a longer sample: a row of its own, whole,
+    eagle3.draft.data.read_row)."""
     rows: list[list[Sample]] = []
     used, room = 0, 0
     for s in heldout:
-        n = min(s.num_tokens, batch_tokens)
+        n = s.num_tokens
         if rows and used + n > max_tokens:
             break
         used += n

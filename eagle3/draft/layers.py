@@ -59,21 +59,40 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
+#: Queries per block of dense_attend: a row longer than this is attended block by block, each block's scores
+#: ([heads, block, keys so far]) recomputed in backward, so a long sample's step holds O(block x N) scores, not O(N^2).
+#: An 8.5K-token step of the tiny Qwen3's draft (4 heads, 2 TTT steps): 8 GB in one product, 0.5 GB in blocks of 512
+#: (0.86 GB of 1,024; tests/integration/test_long_context.py).
+DENSE_BLOCK = 512
 
-def dense_attend(doc: Tensor) -> AttendFn:
-    """Causal attention within documents from explicit scores: exact, O(N^2) memory (CPU, tests, reference)."""
-    allowed = (doc[:, None] == doc[None, :]) & torch.ones(
-        len(doc), len(doc), dtype=torch.bool, device=doc.device
-    ).tril()
+
+def dense_attend(doc: Tensor, block: int = DENSE_BLOCK) -> AttendFn:
+    """Causal attention within documents from explicit scores: exact (CPU, tests, reference). A row of up to
+    `block` tokens is one product, O(N^2) memory; a longer one (a long sample's step, eagle3/draft/data.py) goes by
+    blocks of queries under activation checkpointing, each seeing the keys up to its last query."""
+    n = len(doc)
+    pos = torch.arange(n, device=doc.device)
+
+    def scores(q: Tensor, k: Tensor, v: Tensor, lo: int) -> tuple[Tensor, Tensor]:
+        """Queries lo .. lo+m against keys 0 .. len(k) (k, v already repeated to the query heads)."""
+        m, keys = q.shape[0], k.shape[0]
+        allowed = (doc[lo : lo + m, None] == doc[None, :keys]) & (pos[None, :keys] <= pos[lo : lo + m, None])
+        s = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])  # [nh, m, keys]
+        s = s.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)  # [nh, m]
+        out = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v.float())  # [m, nh, hd]
+        return out.to(q.dtype), lse.transpose(0, 1)
 
     def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         g = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # [N, nh, hd]
-        s = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])  # [nh, N, N]
-        s = s.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)  # [nh, N]
-        out = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v.float())  # [N, nh, hd]
-        return out.to(q.dtype), lse.transpose(0, 1)
+        if n <= block:
+            return scores(q, k, v, 0)
+        from torch.utils.checkpoint import checkpoint
+
+        parts = [checkpoint(scores, q[lo : lo + block], k[: lo + block], v[: lo + block], lo, use_reentrant=False)
+                 for lo in range(0, n, block)]  # fmt: skip
+        return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
 
     return attend
 
@@ -142,7 +161,6 @@ class FlexAttend:
             return out[0].transpose(0, 1), lse[0].transpose(0, 1).float()
 
         return attend
-
 
 
 class MLP(nn.Module):

@@ -56,7 +56,7 @@ def test_bad_rows_are_skipped_and_reported_with_file_row_and_reason(tmp_path: Pa
     assert reasons[7].startswith("content not decodable")
     assert reasons[8].startswith("not valid JSON")
     assert reasons[9].startswith("too long")
-    assert reasons[11].startswith("message 0 is part of a tool call (role 'tool')")
+    assert reasons[11].startswith("message 0 (a tool result): the chat template has no tool support")
     assert reasons[12].startswith("not decodable as UTF-8")
     assert sorted(reasons) == [2, 3, 4, 5, 6, 7, 8, 9, 11, 12]
     assert m.num_samples == 2 and m.duplicates == 1  # row 10 repeats row 0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3.draft.data import DataError, read_row
+from eagle3.draft.data import DataError, plan_epoch, read_row, row_tokens
 from eagle3.store.sample_format import encode_sample, read_sample, write_sample
 
 
@@ -48,12 +48,25 @@ def test_a_row_holds_each_sample_byte_for_byte_then_zero_padding(tmp_path: Path)
     assert set(row.doc[a:].tolist()) == {len(paths)}
 
 
-def test_a_sample_longer_than_the_row_is_cut_to_its_first_tokens(tmp_path: Path) -> None:
+def test_a_sample_longer_than_the_row_is_a_longer_row_of_its_own_whole(tmp_path: Path) -> None:
+    """Not cut, not split: its row is the next multiple of batch_tokens (a longer step), the sample whole."""
     p = sample(tmp_path / "long.safetensors", 40, 7, dtype=torch.float32)
     row = read_row([p], batch_tokens=16)
     s = read_sample(p)
-    assert row.num_tokens == 16
-    assert torch.equal(row.aux_hidden, s.aux_hidden_states[:16]) and torch.equal(row.input_ids, s.input_ids[:16])
+    assert row.num_tokens == 40 and row.input_ids.shape == (48,) and row.aux_hidden.shape == (48, 3, 8)
+    assert torch.equal(row.aux_hidden[:40], s.aux_hidden_states) and torch.equal(row.input_ids[:40], s.input_ids)
+    assert row.positions[:40].tolist() == list(range(40)) and row.remaining[39] == 0
+    assert set(row.doc[40:].tolist()) == {1} and not row.loss_mask[40:].any()
+    with pytest.raises(DataError, match=r"45 tokens of 2 samples do not fit in train.batch_tokens=16"):
+        read_row([p, sample(tmp_path / "b.safetensors", 5, 1, dtype=torch.float32)], batch_tokens=16)
+
+
+def test_the_plan_gives_a_long_sample_a_row_of_its_own_and_every_sample_a_row() -> None:
+    lengths = [40, 5, 11, 3, 100, 7]
+    rows = plan_epoch(lengths, batch_tokens=16, seed=0, epoch=0)
+    assert sorted(i for r in rows for i in r) == list(range(len(lengths)))
+    assert [0] in rows and [4] in rows and all(sum(lengths[i] for i in r) <= 16 for r in rows if r not in ([0], [4]))
+    assert [row_tokens(n, 16) for n in (1, 16, 17, 40, 100)] == [16, 16, 32, 48, 112]
 
 
 def test_a_truncated_sample_is_refused_naming_the_file(tmp_path: Path) -> None:

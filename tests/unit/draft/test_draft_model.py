@@ -284,3 +284,19 @@ def test_the_block_mask_built_from_document_blocks_is_the_one_create_block_mask_
     assert torch.equal(full, _blocks_of(want.full_kv_num_blocks, want.full_kv_indices))
     assert full.any() or n < 512  # the rows hold whole blocks of one document, so the full case is exercised
     assert torch.equal(got.to_dense(), want.to_dense())
+
+
+def test_dense_attention_by_blocks_of_queries_equals_the_whole_product_with_its_gradients() -> None:
+    """A long sample's step on the CPU: queries in blocks (recomputed in backward) give the same outputs, logsumexp
+    and gradients as one [N, N] product."""
+    torch.manual_seed(0)
+    doc = torch.tensor([0] * 23 + [1] * 30 + [2] * 7)  # [60]: one document crosses two block edges
+    q, k, v = torch.randn(60, 4, 8), torch.randn(60, 2, 8), torch.randn(60, 2, 8)
+    results = []
+    for attend in (dense_attend(doc), dense_attend(doc, block=16)):
+        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+        out, lse = attend(qq, kk, vv)
+        (out.square().sum() + lse.sum()).backward()
+        results.append([out, lse, qq.grad, kk.grad, vv.grad])
+    for whole, blocked in zip(*results, strict=True):
+        assert torch.allclose(whole, blocked, atol=1e-5, rtol=1e-5)

@@ -84,7 +84,8 @@ def test_heldout_rows_stay_within_the_token_budget_in_index_order() -> None:
     held = [Sample(Path(f"{i}"), n, f"id{i}") for i, n in enumerate([30, 50, 40, 200, 10])]
     rows = heldout_rows(held, batch_tokens=100, max_tokens=125)
     assert [[s.sample_id for s in r] for r in rows] == [["id0", "id1"], ["id2"]]  # 30+50+40 = 120 <= 125
-    assert heldout_rows(held[3:], batch_tokens=100, max_tokens=10) == [[held[3]]]  # at least one sample (cut to 100)
+    assert heldout_rows(held[3:], batch_tokens=100, max_tokens=10) == [[held[3]]]  # at least one sample (whole)
+    assert heldout_rows(held, batch_tokens=100, max_tokens=1000) == [held[:2], [held[2]], [held[3]], [held[4]]]
 
 
 def test_chain_acceptance_equals_counting_each_positions_leading_correct_steps() -> None:
