@@ -52,23 +52,37 @@ def check_serving(cfg: PipelineConfig, model_dir: Path) -> None:
 
 def check_methods(cfg: PipelineConfig, model_dir: Path) -> None:
     """PreflightError when a method of train.trained_methods() cannot train on the layers the store will hold (the
-    store's run.json, or extract.aux_layers when this run extracts) or refuses the train settings: before any model
-    loads, naming the method, the layers and the extraction that adds them."""
-    if "train" not in cfg.stages:
+    store's run.json, or extract.aux_layers when this run extracts), refuses the train settings or the target, or
+    cannot draft the evaluation's chain lengths: before any model loads, naming the keys and the fix."""
+    stages = set(cfg.stages)
+    if not stages & {"train", "evaluate"}:
         return
-    info = RunStore(cfg.run_dir).read_run_info()
-    num_layers = read_model_facts(model_dir).num_layers
-    if info is not None and "extract" not in cfg.stages:
-        store_layers, where = list(info.aux_layers), f"the store {cfg.run_dir} holds"
-    else:
-        store_layers, where = resolve_aux_layers(cfg.extract.aux_layers, num_layers), "extract.aux_layers captures"
+    store_layers, where = layers_to_train_on(cfg, model_dir) if "train" in stages else ([], "")
     for name in cfg.train.trained_methods():
         try:
             method = method_named(name)
-            method.check(cfg.train, read_target_config(model_dir))
-            method.layers(store_layers, num_layers, cfg.train.aux_layers)
+            if "train" in stages:
+                method.check(cfg.train, read_target_config(model_dir))
+                method.layers(store_layers, read_model_facts(model_dir).num_layers, cfg.train.aux_layers)
         except MethodError as e:
             raise PreflightError(f"train.method {name}: {e} ({where} {store_layers}; model {model_dir})") from None
+        most = method.max_draft_steps(cfg.train)
+        longer = [k for k in cfg.evaluate.chain_lengths() if most is not None and k > most]
+        if "evaluate" in stages and longer:
+            raise PreflightError(
+                f"evaluate.draft_steps / evaluate.compare_steps {cfg.evaluate.chain_lengths()}: train.method {name} "
+                f"drafts at most {most} tokens a round (train.block_size {cfg.train.block_size} less the anchor), not "
+                f"{longer}. Set them to {most} or fewer, or raise train.block_size."
+            )
+
+
+def layers_to_train_on(cfg: PipelineConfig, model_dir: Path) -> tuple[list[int], str]:
+    """The aux layers the store will hold when training starts, and where they come from."""
+    info = RunStore(cfg.run_dir).read_run_info()
+    if info is not None and "extract" not in cfg.stages:
+        return list(info.aux_layers), f"the store {cfg.run_dir} holds"
+    num_layers = read_model_facts(model_dir).num_layers
+    return resolve_aux_layers(cfg.extract.aux_layers, num_layers), "extract.aux_layers captures"
 
 
 def check_stages(

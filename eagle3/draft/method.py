@@ -85,6 +85,11 @@ class DraftMethod(Protocol):
         """S: the draft positions the loss reports (TTT steps, a block's tokens)."""
         ...
 
+    def max_draft_steps(self, cfg: TrainConfig) -> int | None:
+        """The most tokens one drafting round can propose (a block drafter: its block less the anchor); None: any
+        chain length. The evaluation's chain lengths above it are refused before the run."""
+        ...
+
     def build(
         self,
         cfg: DraftConfig,

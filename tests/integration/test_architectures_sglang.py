@@ -86,11 +86,26 @@ def test_every_tested_architecture_has_an_sglang_verdict_here() -> None:
     assert sorted(verdicts) == sorted(ARCHITECTURES), "add the architecture to SGLANG_RUNS, _NOT_FINITE or _FAILS"
 
 
+def five_layers(num_layers: int) -> list[int]:
+    """The SGLang stores' five aux layers: EAGLE-3's default three among them (so an EAGLE-3 draft trains from the
+    store as from a 3-layer one) and, at 8 layers, a block drafter's default five (SGLang's build_target_layer_ids)."""
+    layers = sorted({2, 3, num_layers // 2, num_layers - 3, num_layers - 2})
+    assert len(layers) == 5, layers
+    return layers
+
+
+def eagle3_layers(num_layers: int) -> list[int]:
+    return [2, num_layers // 2, num_layers - 3]
+
+
 def sglang_pipeline_config(tmp: Path, model: Path, arch: str) -> PipelineConfig:
+    """The transformers tests' settings, served by SGLang, capturing five layers (the store a user keeps for several
+    draft methods, docs/methods.md)."""
     cfg = pipeline_config(tmp, model, arch)
     server = {"engine": "sglang", "device": "cpu", "python": str(SGLANG_PYTHON), "max_total_tokens": 16384,
               "startup_timeout_s": 600}  # fmt: skip
-    return PipelineConfig.model_validate({**cfg.model_dump(), "server": server})
+    extract = {**cfg.extract.model_dump(), "aux_layers": five_layers(read_model_facts(model).num_layers)}
+    return PipelineConfig.model_validate({**cfg.model_dump(), "server": server, "extract": extract})
 
 
 @pytest.fixture(scope="module", params=SGLANG_RUNS)
@@ -185,7 +200,7 @@ def test_sglangs_own_prompt_logprobs_agree_with_transformers_exactly_where_the_s
 def test_the_layers_sglang_captured_are_the_ones_run_json_records(served: dict[str, Any]) -> None:
     facts = read_model_facts(served["model"])
     run = json.loads((Path(served["cfg"].run_dir) / "run.json").read_text())
-    aux = [2, facts.num_layers // 2, facts.num_layers - 3]
+    aux = five_layers(facts.num_layers)
     assert run["aux_layers"] == aux
     assert run["engine_layer_ids"] == sglang_layer_ids(facts.model_type, aux, facts.num_layers).layer_ids
     assert internal_indices(facts.model_type, run["engine_layer_ids"], facts.num_layers) == aux
@@ -204,7 +219,10 @@ def test_the_rest_of_the_stages_and_sglangs_eagle3_loader_take_the_sglang_store(
         t.run()
     ckpt = resolve_checkpoint(out / "checkpoints")
     export = export_draft(ckpt, Path(cfg.run_dir), model, Path(cfg.run_dir) / "draft" / "exports" / "x")
-    assert export.sglang_layer_ids == served["info"].engine_layer_ids
+    facts = read_model_facts(model)
+    three = eagle3_layers(facts.num_layers)  # the EAGLE-3 draft reads three of the store's five
+    assert export.aux_layers == three
+    assert export.sglang_layer_ids == sglang_layer_ids(facts.model_type, three, facts.num_layers).layer_ids
 
     view = served["root"] / "sglang_view.safetensors"
     env = {**{k: v for k, v in os.environ.items() if k != "EAGLE3_CPU_SPEC"},
@@ -218,7 +236,7 @@ def test_the_rest_of_the_stages_and_sglangs_eagle3_loader_take_the_sglang_store(
     with safe_open(str(view), "pt") as f:
         meta = json.loads(f.metadata()["result"])
     assert meta["class"] == "LlamaForCausalLMEagle3" and meta["draft_layer_ids"] == export.sglang_layer_ids
-    assert meta["target_layers_to_capture"] == served["info"].aux_layers  # what the target captures when serving
+    assert meta["target_layers_to_capture"] == three  # what the target captures when serving this draft
 
     offline = evaluate_offline(cfg.evaluate, Path(cfg.run_dir), model, ckpt)
     assert offline.identical_to_greedy == offline.num_prompts == 2

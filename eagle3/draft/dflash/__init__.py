@@ -71,6 +71,9 @@ class DFlashMethod:
     def positions(self, cfg: TrainConfig) -> int:
         return cfg.block_size - 1
 
+    def max_draft_steps(self, cfg: TrainConfig) -> int | None:
+        return cfg.block_size - 1  # one forward drafts the block after its anchor
+
     def build(
         self,
         cfg: DraftConfig,

@@ -59,6 +59,9 @@ class Eagle3Method:
     def positions(self, cfg: TrainConfig) -> int:
         return cfg.ttt_steps
 
+    def max_draft_steps(self, cfg: TrainConfig) -> int | None:
+        return None  # a chain of any length (beyond ttt_steps untrained, yet exact)
+
     def build(
         self,
         cfg: DraftConfig,

@@ -321,3 +321,12 @@ def test_train_without_convert_is_refused_when_the_vocabulary_map_does_not_fit_o
     check_stages(config(tmp_path, ["train"], train={"draft_vocab_size": 64}), model)
     write_vocab_map(store.vocab_map_path, select_vocab(torch.arange(100), 100))  # the whole target vocabulary
     check_stages(config(tmp_path, ["train"], train={"draft_vocab_size": 5000}), model)  # asks for more: capped
+
+
+def test_a_chain_longer_than_a_block_drafter_drafts_is_refused_naming_the_keys(tmp_path: Path, model: Path) -> None:
+    cfg = config(tmp_path, stages=["export", "evaluate"], train={"method": "dflash", "block_size": 4},
+                 evaluate={"draft_steps": 3, "compare_steps": [3, 5]})  # fmt: skip
+    with pytest.raises(PreflightError, match=r"train.method dflash drafts at most 3 tokens a round .*not \[5\]"):
+        check_run(cfg, model)
+    check_run(config(tmp_path, stages=["export", "evaluate"], train={"method": "dflash", "block_size": 6},
+                     evaluate={"draft_steps": 3, "compare_steps": [3, 5]}), model)  # fmt: skip
