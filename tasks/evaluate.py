@@ -20,6 +20,7 @@ from eagle3.evaluate.offline import (
     EvalPrompts,
     OfflineEvalResult,
     PositionStats,
+    context_buckets,
     evaluate_offline,
     load_eval_sets,
     offline_dtype,
@@ -75,6 +76,11 @@ def sets_table(off: OfflineEvalResult) -> list[str]:
         lines.append(f"| {r.set_name} | {r.set_kind} | {r.num_prompts} | {r.steps} | {r.acceptance_length:.3f} | "
                      f"{rates_text(r.positions)} | {modelled_text(r)} | "
                      f"{r.identical_to_greedy}/{r.num_prompts} |")  # fmt: skip
+    lines += ["", "By context length (prompt tokens; rounds pooled within a bucket):", "",
+              "| set | k | context | prompts | acceptance length |", "|---|---:|---|---:|---:|"]  # fmt: skip
+    for r in off.runs or [off]:
+        lines += [f"| {r.set_name} | {r.steps} | {b.label} | {b.num_prompts} | {b.acceptance_length:.3f} |"
+                  for b in context_buckets(r.per_prompt)]  # fmt: skip
     with_categories = [r for r in off.runs if r.categories]
     if with_categories:
         lines += ["", "| set | k | category | prompts | acceptance length | per position |"]

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.config import EvaluateConfig
 from eagle3.data.chat import ChatTokenizer, RowError
-from eagle3.data.eval_sets import EvalError, chat_rows, humaneval_rows, prompt_messages
+from eagle3.data.eval_sets import EvalError, chat_rows, humaneval_rows, prompt_conversation
 from eagle3.data.generate import stop_token_ids
 from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
@@ -73,7 +73,8 @@ def load_eval_set(
         try:
             if data is None:
                 raise RowError(error or "unreadable row")
-            text = chat.render(prompt_messages(data), add_generation_prompt=True)
+            messages, tools = prompt_conversation(data)  # a tool-call conversation: its tools, as served
+            text = chat.render(messages, add_generation_prompt=True, tools=tools)
         except RowError as e:
             raise EvalError(
                 f"{dataset} row {number}: {e}; fix the row or point evaluate set {name!r} elsewhere"
@@ -214,6 +215,37 @@ class OfflineEvalResult(BaseModel):
     runs: list[OfflineEvalResult] = Field(
         default_factory=list, description="eval/offline.json: every (set, k); the top level repeats the first"
     )
+
+
+#: Context-length buckets of the evaluation artifact (prompt tokens): acceptance falls with context for drafts that
+#: never saw long ones (docs/performance.md), so each bucket is reported on its own.
+CONTEXT_BUCKETS = ((0, 2048), (2048, 8192), (8192, 32768), (32768, None))
+
+
+@dataclass(frozen=True)
+class ContextBucket:
+    low: int
+    high: int | None
+    num_prompts: int
+    rounds: int
+    acceptance_length: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.low // 1024}K+" if self.high is None else f"{self.low // 1024}-{self.high // 1024}K"
+
+
+def context_buckets(per_prompt: Sequence[PromptStats]) -> list[ContextBucket]:
+    """Acceptance length over the prompts whose context falls in each CONTEXT_BUCKETS bucket (rounds pooled), the
+    empty buckets left out."""
+    out = []
+    for low, high in CONTEXT_BUCKETS:
+        inside = [p for p in per_prompt if p.prompt_tokens >= low and (high is None or p.prompt_tokens < high)]
+        rounds = sum(p.rounds for p in inside)
+        if inside:
+            tau = 1 + sum(p.accepted for p in inside) / rounds if rounds else 0.0
+            out.append(ContextBucket(low, high, len(inside), rounds, tau))
+    return out
 
 
 def acceptance_stats(rounds: Sequence[Round], steps: int) -> tuple[list[int], list[PositionStats]]:

@@ -403,3 +403,16 @@ def test_qwen3_style_keeps_the_thinking_of_every_tool_step_after_the_query_and_d
     later = [*steps, {"role": "user", "content": "Thanks!"}, {"role": "assistant", "content": "Welcome."}]
     text = check_exact(qwen3, {"messages": later}, ["Checking." + call, "It is 20 C.<|im_end|>", "Welcome.<|im_end|>"])
     assert "Need the tool." not in text  # the template drops thinking before the last user query: not in the loss
+
+
+def test_the_offline_evaluator_loads_the_tool_call_set_with_each_rows_tools(qwen3: ChatTokenizer) -> None:
+    """evaluate.sets with data/eval_tool_calls.jsonl: each prompt is the conversation up to the tool's result,
+    rendered with the row's tools (the draft then predicts the assistant's next turn), as the target serves it."""
+    from eagle3.evaluate.offline import load_eval_set
+
+    loaded = load_eval_set("tool-calls", str(ASSETS.parents[1] / "data" / "eval_tool_calls.jsonl"), qwen3, limit=4,
+                           kind="agentic (tool calls)")  # fmt: skip
+    assert len(loaded.ids) == 4 and all(c is not None for c in loaded.categories)
+    for ids in loaded.ids:
+        text = qwen3.tokenizer.decode(ids)
+        assert "<tools>" in text and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
