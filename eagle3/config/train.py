@@ -13,14 +13,11 @@ DraftMethodName = Literal["eagle3", "eagle3.1", "dflash", "dspark"]
 
 
 class TrainConfig(StrictModel):
-    """Draft training: the method, its layers, and the shared loop's settings."""
+    """Draft training."""
 
     method: DraftMethodName = Field(
         "eagle3",
-        description="The draft method (docs/methods.md). `eagle3`: EAGLE-3. `eagle3.1`: EAGLE-3 with a norm per aux "
-        "state before fc and the post-norm state fed to the next step. `dflash`: a block drafter (DFlash) that drafts "
-        "block_size - 1 tokens in one forward. `dspark`: DFlash with a low-rank Markov head over the previous token "
-        "and a confidence head. Each method trains into its own directory.",
+        description="The draft: eagle3, eagle3.1, dflash or dspark (docs/methods.md), each in its own directory.",
     )
     methods: list[DraftMethodName] = Field(
         default_factory=list,
