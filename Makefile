@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_API_URL ?= http://127.0.0.1:$(or $(PREFECT_SERVER_PORT),4200)/api
 
-.PHONY: venv sglang-env demo test test-unit lint serve stop serve-prefect stop-prefect clean
+.PHONY: venv sglang-env speculators-env specforge-env demo test test-unit lint serve stop serve-prefect stop-prefect clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,6 +26,14 @@ venv: $(STAMP)
 # SGLang 0.5.23 + the server_patch plugin (+ a stub libcuda without a GPU) in .venv-sglang; cached by a stamp.
 sglang-env:
 	bash deploy/sglang_env.sh
+
+# The peers' trainers, each pinned in its own venv (.venv-speculators, .venv-specforge) for bench/peers_bench.py
+# and the interop test; cached by a stamp (deploy/peer_env.sh).
+speculators-env:
+	bash deploy/peer_env.sh speculators
+
+specforge-env:
+	bash deploy/peer_env.sh specforge
 
 demo: venv
 	EAGLE3_STARTED_BY="make demo" bash deploy/prefect_server.sh start
