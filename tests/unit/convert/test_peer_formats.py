@@ -284,3 +284,25 @@ def test_gzipped_specforge_files_import_like_plain_ones(tmp_path: Path) -> None:
     import_specforge(tmp_path / "sf", store, target=TARGET, aux_layers_hf=AUX_LAYERS)
     s = store.open_sample(0, "specforge-00000000")
     assert torch.equal(s.aux_hidden_states, aux) and torch.equal(s.last_hidden_state, last)
+
+
+def test_speculators_export_for_their_trainer_gives_back_our_post_norm_state_through_their_verifier_norm(
+    tmp_path: Path,
+) -> None:
+    """final_norm: the last slot is post-norm / weight, whose normalisation (speculators' verifier norm, an RMSNorm
+    like FinalNorm.apply) is a real post-norm state again to within bf16 rounding; importing it back needs the norm."""
+    x = torch.randn(5, H, dtype=torch.bfloat16) * 3
+    norm = FinalNorm(weight=torch.linspace(0.5, 2.0, H), eps=1e-6)
+    post = norm.apply(x)
+    assert torch.allclose(norm.apply(norm.invert(post)).float(), post.float(), rtol=2e-2, atol=2e-2)
+    src = make_store(tmp_path / "run", SAMPLES)
+    exp = export_speculators(src, tmp_path / "spec", final_norm=norm, workers=2)
+    assert "maps it back" in exp.notes[1]
+    for i, (_, _, path) in enumerate(src.iter_samples()):
+        ours = load_file(path)["last_hidden_state"]
+        slot = load_file(str(tmp_path / "spec" / "hidden_states" / f"hs_{i}.safetensors"))["hidden_states"][:, -1]
+        assert torch.equal(slot, norm.invert(ours))
+    with pytest.raises(PeerFormatError, match="norm_input"):
+        import_speculators(tmp_path / "spec", RunStore(tmp_path / "refused"), workers=1)
+    back = RunStore(tmp_path / "back")
+    assert import_speculators(tmp_path / "spec", back, final_norm=norm, workers=1).num_samples == len(SAMPLES)
