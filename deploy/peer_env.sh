@@ -30,6 +30,13 @@ start=$(date +%s)
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q "${REQ[@]}"
+if [ "$peer" = speculators ]; then
+  # speculators requires torchvision and torchaudio but imports neither; PyPI's builds are linked against the CUDA
+  # torch, and with the CPU torch transformers' import of torchvision fails ("operator torchvision::nms does not
+  # exist"), so speculators cannot import at all. Without them transformers skips its vision imports.
+  "$VENV/bin/pip" uninstall -q -y torchvision torchaudio
+fi
+"$VENV/bin/python" -c "import $peer" >&2  # the peer imports, or the stamp is not written
 echo $(( $(date +%s) - start )) > "$VENV/.install-seconds"
 echo "$key" > "$VENV/.stamp"
 log "ready: $VENV/bin/python ($(cat "$VENV/.install-seconds") s)"
