@@ -44,7 +44,7 @@ lint: venv
 	$(BIN)/ruff check eagle3 flows tasks server_patch deploy tests bench
 	$(BIN)/mypy eagle3 flows tasks server_patch
 
-test: venv lint sglang-env
+test: venv lint sglang-env speculators-env
 	bash deploy/run_tests.sh
 
 # The unit tier alone (no server, no SGLang, no browser), on both cores: about a minute (docs/testing.md).

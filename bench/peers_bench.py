@@ -6,14 +6,15 @@ The store is `make demo`'s (configs/demo.yaml: built once under <root>/store, be
 trains the same EAGLE-3 draft shape on the same training rows for the same steps, batch tokens, lr schedule and TTT
 depth, each in its own process and environment (ours: .venv; a peer: .venv-<peer>, `make <peer>-env`):
 
-    ours         bench/peers/ours.py         the library's Trainer
-    speculators  bench/peers/speculators.py  our export_speculators -> `speculators train` -> import_speculators_draft
-    specforge    bench/peers/specforge.py    our export_specforge -> `specforge train` -> export -> import_sglang_draft
+    ours         bench/peers/ours.py              the library's Trainer
+    speculators  bench/peers/speculators_peer.py  export_speculators -> `speculators train` -> import_speculators_draft
+    specforge    bench/peers/specforge_peer.py    export_specforge -> `specforge train` -> export -> import_sglang_draft
 
 Every draft is then measured by our code alone: the held-out loss and teacher-forced acceptance of our Trainer on the
 store's held-out prompts (train.heldout_fraction, by prompt), and our offline evaluator (eagle3/evaluate/offline.py)
 at k = 3 and 5 on demo.yaml's sets (varied, HumanEval, template held-out). It prints one table, then each side's
-command and every setting that could not be made equal, and writes <root>/peers.json.
+command and every setting that could not be made equal, and writes <root>/peers.json (and <root>/<side>/side.json:
+`--reuse ours` prints a side from its side.json instead of training and measuring it again).
 
 Columns: tok/s = training tokens per second after the first step, from the side's own step log; first step = seconds
 from its process start to the end of its first optimizer step (imports, model and data set-up, the step); peak =
@@ -36,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.peers.demo_store import demo_store
 from bench.peers.ours import train_ours
 from bench.peers.side import REPO, Side
-from bench.peers.specforge import train_specforge
-from bench.peers.speculators import train_speculators
+from bench.peers.specforge_peer import train_specforge
+from bench.peers.speculators_peer import train_speculators
 from eagle3.config import PipelineConfig
 from eagle3.data.chat import ChatTokenizer
 from eagle3.evaluate.offline import EvalPrompts, evaluate_offline, load_eval_sets
@@ -55,6 +56,21 @@ def heldout_of(cfg: PipelineConfig, checkpoint: Path) -> dict[str, Any] | None:
                        device="cpu", init_from=str(checkpoint))  # fmt: skip
         with Trainer.build(job) as trainer:
             return trainer.measure_heldout()
+
+
+def side_record(s: Side) -> dict[str, Any]:
+    return {"name": s.name, "error": s.error, "tokens_per_s": s.tokens_per_s, "first_step_s": s.first_step_s,
+            "peak_rss_mb": s.peak_rss_mb, "heldout": s.heldout, "command": s.command, "notes": s.notes,
+            "checkpoint": str(s.checkpoint) if s.checkpoint else None, "steps": s.steps,
+            "acceptance": [[n, k, v] for (n, k), v in s.acceptance.items()]}  # fmt: skip
+
+
+def side_from(record: dict[str, Any]) -> Side:
+    s = Side(record["name"], notes=record["notes"], command=record["command"], error=record["error"])
+    s.steps, s.peak_rss_mb, s.heldout = record["steps"], record["peak_rss_mb"], record["heldout"]
+    s.checkpoint = Path(record["checkpoint"]) if record["checkpoint"] else None
+    s.acceptance = {(n, k): v for n, k, v in record["acceptance"]}
+    return s
 
 
 def measure(side: Side, cfg: PipelineConfig, sets: list[EvalPrompts], work: Path) -> None:
@@ -96,6 +112,7 @@ def main() -> None:
     ap.add_argument("--heldout-fraction", type=float, default=0.1, help="train.heldout_fraction (by prompt)")
     ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     ap.add_argument("--set", action="append", default=[], help="more config overrides (key=value)")
+    ap.add_argument("--reuse", nargs="*", default=[], help="sides to read from <root>/<side>/side.json")
     args = ap.parse_args()
     root = args.root.resolve()
     steps = args.steps
@@ -107,10 +124,14 @@ def main() -> None:
     for name, train in [("ours", train_ours), *((p, PEERS[p]) for p in args.peers)]:
         work = root / name
         work.mkdir(parents=True, exist_ok=True)
+        if name in args.reuse:
+            sides.append(side_from(json.loads((work / "side.json").read_text())))
+            continue
         print(f"[peers_bench] {name}: training", flush=True)
         side = train(cfg, work)
         print(f"[peers_bench] {name}: measuring {side.checkpoint or '(no checkpoint) ' + str(side.error)}", flush=True)
         measure(side, cfg, sets, work)
+        (work / "side.json").write_text(json.dumps(side_record(side), indent=1))
         sides.append(side)
     names = [s.name for s in sets]
     print()
@@ -125,11 +146,7 @@ def main() -> None:
     print(f"\nshared: {args.steps} steps, batch_tokens {t.batch_tokens}, lr {t.lr} (warm-up {t.warmup_steps}, cosine "
           f"to {t.min_lr_ratio}), TTT {t.ttt_steps} (decay {t.ttt_decay}), draft vocab {t.draft_vocab_size}, "
           f"precision {t.precision}, held-out fraction {t.heldout_fraction}; store {cfg.run_dir}")  # fmt: skip
-    (root / "peers.json").write_text(json.dumps([{
-        "name": s.name, "error": s.error, "tokens_per_s": s.tokens_per_s, "first_step_s": s.first_step_s,
-        "peak_rss_mb": s.peak_rss_mb, "heldout": s.heldout, "command": s.command, "notes": s.notes,
-        "acceptance": {f"{n}@k{k}": v for (n, k), v in s.acceptance.items()}, "steps": s.steps,
-    } for s in sides], indent=1))  # fmt: skip
+    (root / "peers.json").write_text(json.dumps([side_record(s) for s in sides], indent=1))
     shutil.rmtree(root / "tmp", ignore_errors=True)
 
 

@@ -1,12 +1,14 @@
 """speculators' own trainer on our export, as its docs run it (`speculators train ...`: speculators.train.cli.main on
-TrainConfig.resolve(argv)); run by bench/peers/speculators.py with .venv-speculators' python, never ours.
+TrainConfig.resolve(argv)); run by bench/peers/speculators_peer.py with .venv-speculators' python, never ours.
 
     .venv-speculators/bin/python bench/peers/speculators_train.py RESULT.json <speculators train flags...>
 
 RESULT.json: every logged step (seconds since this process started, loss, tokens), the validation record, peak RSS.
 Imports nothing of ours (eagle3 is not installed in that venv).
 
-On a machine without an accelerator two shims, both recorded in RESULT.json: speculators' Trainer moves the model and
+Their `--max-steps` ends an epoch, not the epoch loop (each further epoch runs one more step), so the epochs are set
+to ceil(max_steps / their batches per epoch) once their loader is built. On a machine without an accelerator two
+shims more; all are recorded in RESULT.json: speculators' Trainer moves the model and
 each batch to `get_local_rank()` (0, i.e. cuda:0), which fails with "Cannot access accelerator device when none is
 available": here that device is "cpu"; and its step timer calls torch.accelerator.synchronize(), which fails the same
 way: here a no-op (a CPU step is synchronous). Nothing else of their loop is touched.
@@ -71,11 +73,26 @@ def main(argv: list[str]) -> None:
         logging.getLogger("speculators.metrics").addHandler(tap)
 
     cli.setup_metric_logger = setup_and_tap
+    make_loaders, make_config = cli.create_train_val_loaders, cli.TrainerConfig
+    per_epoch: list[int] = []
+
+    def loaders(*a: Any, **k: Any) -> Any:
+        train, val = make_loaders(*a, **k)
+        per_epoch.append(len(train))
+        return train, val
+
+    def trainer_config(**k: Any) -> Any:  # --max-steps stops an epoch, not the epoch loop: each further epoch would
+        if k.get("max_steps") and per_epoch:  # run one more step, so the epochs are exactly those max_steps needs
+            k["num_epochs"] = -(-k["max_steps"] // per_epoch[0])
+        return make_config(**k)
+
+    cli.create_train_val_loaders, cli.TrainerConfig = loaders, trainer_config
+    shim.append("epochs = ceil(max_steps / their batches per epoch), set once their loader is built")
     cli.main(TrainConfig.resolve(flags))
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result_path.write_text(json.dumps({
         "steps": tap.steps, "val": tap.val, "peak_rss_mb": peak_kb / 1024, "wall_s": time.monotonic() - T0,
-        "shims": shim, "torch": torch.__version__, "argv": flags,
+        "shims": shim, "torch": torch.__version__, "argv": flags, "batches_per_epoch": per_epoch[:1],
     }, indent=1))  # fmt: skip
 
 

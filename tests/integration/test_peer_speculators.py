@@ -20,8 +20,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from bench.peers.speculators import PYTHON as SPECULATORS_PYTHON
-from bench.peers.speculators import flags
+from bench.peers.speculators_peer import PYTHON as SPECULATORS_PYTHON
+from bench.peers.speculators_peer import flags
 from eagle3.config import PipelineConfig
 from eagle3.convert import FinalNorm, export_speculators, import_speculators_draft
 from eagle3.draft.load import load_draft

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import torch
+
 from bench.peers.side import REPO, Side
 from eagle3.config import PipelineConfig
 from eagle3.convert import FinalNorm, export_speculators, import_speculators_draft
@@ -63,6 +65,7 @@ def _train_split(export: Path, out: Path, fraction: float) -> int:
 def flags(cfg: PipelineConfig, data: Path, save: Path, aux_layers: list[int]) -> list[str]:
     """`speculators train` flags that set their run equal to ours (train section) where their CLI allows."""
     t = cfg.train
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and torch.cuda.is_available())  # ours: trainer.py
     return [
         "--verifier-name-or-path", str(cfg.model), "--data-path", str(data),
         "--d2t-path", str(data / "d2t.npy"), "--t2d-path", str(data / "t2d.npy"),
@@ -70,11 +73,11 @@ def flags(cfg: PipelineConfig, data: Path, save: Path, aux_layers: list[int]) ->
         # our EAGLE-3 draft: one llama layer, un-normed first residual, no fc / output norms, frozen embedding
         "--num-layers", "1", "--draft-arch", "llama",
         "--no-norm-before-residual", "--no-norm-before-fc", "--no-norm-output", "--no-embed-requires-grad",
-        "--total-seq-len", str(t.batch_tokens), "--max-steps", str(t.max_steps), "--epochs", "1000",
+        "--total-seq-len", str(t.batch_tokens), "--max-steps", str(t.max_steps), "--epochs", "1",
         "--ttt-steps", str(t.ttt_steps), "--ttt-step-loss-decay", str(t.ttt_decay),
         "--optimizer", "adamw", "--lr", str(t.lr), "--weight-decay", str(t.weight_decay),
         "--scheduler-type", "cosine", "--scheduler-warmup-steps", str(t.warmup_steps),
-        "--hidden-states-dtype", "float32" if t.precision == "fp32" else "bfloat16",
+        "--hidden-states-dtype", "bfloat16" if bf16 else "float32",
         "--train-data-ratio", "0.99", "--seed", str(t.seed), "--num-workers", "0",
         "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--log-freq", "1",
         "--save-path", str(save), "--no-resume-from-checkpoint",
