@@ -60,7 +60,7 @@ from eagle3.convert.store_writer import (
     peer_path,
     require_empty,
 )
-from eagle3.convert.vocab import read_vocab_map
+from eagle3.convert.vocab import ascending, read_vocab_map
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_with, fsync_dir
 from eagle3.store.run_store import DTYPES, RunInfo, RunStore, now
@@ -224,6 +224,7 @@ def export_speculators(
     vocab = store.vocab_map_path
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)
+        d2t = ascending(d2t)  # their lm_head rows are lm_head[t2d]: ascending target ids (eagle3/convert/vocab.py)
         for name, arr in (("d2t.npy", d2t.numpy()), ("t2d.npy", t2d.numpy())):
             atomic_write_with(out / name, lambda f, a=arr: np.save(f, a, allow_pickle=False))  # type: ignore[misc]
     counter.finish()

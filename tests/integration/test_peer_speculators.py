@@ -23,7 +23,8 @@ from safetensors.torch import load_file
 from bench.peers.speculators_peer import PYTHON as SPECULATORS_PYTHON
 from bench.peers.speculators_peer import flags
 from eagle3.config import PipelineConfig
-from eagle3.convert import FinalNorm, export_speculators, import_speculators_draft
+from eagle3.convert import FinalNorm, export_speculators, import_speculators_draft, read_vocab_map
+from eagle3.convert.vocab import ascending
 from eagle3.draft.load import load_draft
 from eagle3.release.export import export_draft
 from eagle3.store.run_store import RunStore
@@ -62,6 +63,9 @@ def test_their_trainer_takes_our_export_for_the_steps_we_asked(trained: dict[str
     config = json.loads((trained["theirs"] / "config.json").read_text())
     assert config["eagle_aux_hidden_state_layer_ids"] == trained["info"].aux_layers  # vLLM ids = our HF indices
     assert config["draft_vocab_size"] == trained["cfg"].train.draft_vocab_size
+    ours, _, _ = read_vocab_map(RunStore(trained["cfg"].run_dir).vocab_map_path)
+    theirs = load_file(str(trained["theirs"] / "model.safetensors"))["d2t"]
+    assert torch.equal(theirs, ascending(ours))  # their lm_head rows are lm_head[t2d]: the export orders d2t so
 
 
 def test_their_checkpoint_loads_as_our_draft_with_exactly_their_weights(
