@@ -65,7 +65,7 @@ def test_their_trainer_takes_our_export_for_the_steps_we_asked(trained: dict[str
     assert config["draft_vocab_size"] == trained["cfg"].train.draft_vocab_size
     ours, _, _ = read_vocab_map(RunStore(trained["cfg"].run_dir).vocab_map_path)
     theirs = load_file(str(trained["theirs"] / "model.safetensors"))["d2t"]
-    assert torch.equal(theirs, ascending(ours))  # their lm_head rows are lm_head[t2d]: the export orders d2t so
+    assert torch.equal(theirs, ascending(ours))  # their lm_head rows are lm_head[t2d]: d2t in that order
 
 
 def test_their_checkpoint_loads_as_our_draft_with_exactly_their_weights(
