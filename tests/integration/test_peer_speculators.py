@@ -34,13 +34,15 @@ from tests.ports import free_port
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 STEPS = 3
+pytestmark = pytest.mark.skipif(
+    not SPECULATORS_PYTHON.is_file(),
+    reason=f"speculators' environment is absent ({SPECULATORS_PYTHON}): `make speculators-env` builds it",
+)
 
 
 @pytest.fixture(scope="module")
 def trained(demo_store: PipelineConfig, demo_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Their trainer, STEPS steps on our export of the demo store; its last checkpoint imported as ours."""
-    if not SPECULATORS_PYTHON.is_file():
-        pytest.skip(f"speculators' environment is absent ({SPECULATORS_PYTHON}): `make speculators-env` builds it")
     root = tmp_path_factory.mktemp("speculators")
     cfg = demo_store.model_copy(update={"train": demo_store.train.model_copy(update={"max_steps": STEPS})})
     info = RunStore(cfg.run_dir).require_run_info()
@@ -84,6 +86,7 @@ def test_their_checkpoint_loads_as_our_draft_with_exactly_their_weights(
         assert torch.equal(mine.to(value.dtype), value), key
 
 
+@pytest.mark.sglang
 def test_their_checkpoint_exported_by_us_loads_in_sglangs_loader(trained: dict[str, Any], demo_model: Path) -> None:
     if not SGLANG_PYTHON.is_file():
         pytest.skip(f"SGLang's environment is absent ({SGLANG_PYTHON}): `make sglang-env` builds it")
