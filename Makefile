@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-12)
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_API_URL ?= http://127.0.0.1:$(or $(PREFECT_SERVER_PORT),4200)/api
 
-.PHONY: venv sglang-env demo test test-unit lint serve stop serve-prefect stop-prefect clean
+.PHONY: venv sglang-env speculators-env specforge-env demo test test-unit lint serve stop serve-prefect stop-prefect clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,14 @@ venv: $(STAMP)
 sglang-env:
 	bash deploy/sglang_env.sh
 
+# The peers' trainers, each pinned in its own venv (.venv-speculators, .venv-specforge) for bench/peers_bench.py
+# and the interop test; cached by a stamp (deploy/peer_env.sh).
+speculators-env:
+	bash deploy/peer_env.sh speculators
+
+specforge-env:
+	bash deploy/peer_env.sh specforge
+
 demo: venv
 	EAGLE3_STARTED_BY="make demo" bash deploy/prefect_server.sh start
 	$(BIN)/eagle3 run configs/demo.yaml
@@ -36,7 +44,7 @@ lint: venv
 	$(BIN)/ruff check eagle3 flows tasks server_patch deploy tests bench
 	$(BIN)/mypy eagle3 flows tasks server_patch
 
-test: venv lint sglang-env
+test: venv lint sglang-env speculators-env
 	bash deploy/run_tests.sh
 
 # The unit tier alone (no server, no SGLang, no browser), on both cores: about a minute (docs/testing.md).

@@ -3,6 +3,8 @@
     convert(cfg, store, report)            -> ConvertResult   vocab_map.safetensors + index.arrow + convert.json
     export_specforge / import_specforge     SpecForge's offline .ckpt layout (the only pickle in the project)
     export_speculators / import_speculators speculators' (vLLM's) Arrow + hs_{i}.safetensors layout
+    import_speculators_draft                a speculators-trained EAGLE-3 draft -> a checkpoint directory of ours
+    import_sglang_draft                     an SGLang draft directory (SpecForge's export) -> the same
 
 Layer-index conventions and the file layouts: docs/formats.md.
 
@@ -21,6 +23,7 @@ from eagle3.convert.common import (
     vllm_to_hf,
 )
 from eagle3.convert.index import INDEX_SCHEMA, read_index
+from eagle3.convert.peer_drafts import DraftImport, import_sglang_draft, import_speculators_draft
 from eagle3.convert.specforge import export_specforge, import_specforge
 from eagle3.convert.speculators import FinalNorm, export_speculators, import_speculators
 from eagle3.convert.stage import ConvertResult, convert
@@ -30,6 +33,7 @@ __all__ = [
     "INDEX_SCHEMA",
     "ConvertError",
     "ConvertResult",
+    "DraftImport",
     "FinalNorm",
     "ImportResult",
     "PeerExportResult",
@@ -41,8 +45,10 @@ __all__ = [
     "export_speculators",
     "hf_to_specforge",
     "hf_to_vllm",
+    "import_sglang_draft",
     "import_specforge",
     "import_speculators",
+    "import_speculators_draft",
     "read_index",
     "read_vocab_map",
     "select_vocab",

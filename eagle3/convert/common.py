@@ -121,7 +121,11 @@ class ExportSidecar(Record):
     aux_layers: list[int] = Field(description="HF hidden_states indices")
     peer_layer_ids: list[int] = Field(description="the same layers in the peer's convention")
     peer_layer_convention: str
-    last_state: Literal["post_norm"] = "post_norm"
+    last_state: Literal["post_norm", "norm_input"] = Field(
+        "post_norm",
+        description="the speculators last slot: our post-norm state, or (norm_input) that state divided by the "
+        "final norm's weight, which speculators' verifier norm maps back to it (docs/formats.md)",
+    )
     samples: list[SidecarSample]
 
 

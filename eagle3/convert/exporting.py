@@ -30,8 +30,9 @@ def store_samples(store: RunStore) -> list[SidecarSample]:
 
 
 def begin_export(
-    store: RunStore, info: RunInfo, out: Path, peer: str, peer_ids: list[int], convention: str
-) -> tuple[list[SidecarSample], bool]:
+    store: RunStore, info: RunInfo, out: Path, peer: str, peer_ids: list[int], convention: str,
+    last_state: str = "post_norm",
+) -> tuple[list[SidecarSample], bool]:  # fmt: skip
     """The samples to export, and whether `out` holds an interrupted export of this store (skip finished files).
 
     The sidecar is written first: it fixes the index -> sample mapping before any data file exists.
@@ -40,10 +41,11 @@ def begin_export(
     if not samples:
         raise PeerFormatError(f"{store.root}: no extracted samples to export; run the extract stage first")
     side = ExportSidecar(peer=peer, run_info=info.model_dump(mode="json"), aux_layers=info.aux_layers,  # type: ignore[arg-type]
-                         peer_layer_ids=peer_ids, peer_layer_convention=convention, samples=samples)  # fmt: skip
+                         peer_layer_ids=peer_ids, peer_layer_convention=convention, last_state=last_state,  # type: ignore[arg-type]
+                         samples=samples)  # fmt: skip
     if out.exists() and any(out.iterdir()):
         old = read_sidecar(out, peer)
-        if old is not None and old.samples == side.samples and old.run_info == side.run_info:
+        if old is not None and (old.samples, old.run_info, old.last_state) == (side.samples, side.run_info, last_state):
             for tmp in out.rglob(".*.tmp"):  # left by the interrupted writer (fsio's temporary names)
                 if tmp.is_file():
                     tmp.unlink()

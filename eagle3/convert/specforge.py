@@ -54,7 +54,7 @@ from eagle3.convert.store_writer import (
     peer_path,
     require_empty,
 )
-from eagle3.convert.vocab import read_vocab_map
+from eagle3.convert.vocab import ascending, read_vocab_map
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_with, fsync_dir
 from eagle3.store.run_store import DTYPES, RunInfo, RunStore, now
@@ -117,6 +117,7 @@ def export_specforge(
     vocab = store.vocab_map_path
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)
+        d2t = ascending(d2t)  # their teacher rows are lm_head[t2d]: ascending target ids (eagle3/convert/vocab.py)
         atomic_write_with(out / "vocab_mapping" / "vocab_mapping.pt", lambda f: torch.save({"d2t": d2t, "t2d": t2d}, f))
         notes.append(f"our vocab map: set model.vocab_mapping_path={out / 'vocab_mapping' / 'vocab_mapping.pt'}")
     counter.finish()

@@ -15,7 +15,10 @@ applies the verifier's norm to it before the lm_head. The data carries no layer 
 
 Our store keeps the post-norm final state, not the pre-norm one, so an export puts the post-norm state in
 the last slot (recorded in eagle3_export.json) and an import of vLLM data needs the target's final norm
-(`FinalNorm`) to make the post-norm state. docs/formats.md has the consequences.
+(`FinalNorm`) to make the post-norm state. An export for speculators' trainer passes `final_norm`: the last slot
+is then the post-norm state divided by the norm's weight (`last_state: "norm_input"`), a unit-RMS vector that
+speculators' verifier norm maps back to our post-norm state, so its verifier targets are ours (to within the
+norm's eps and one bf16 rounding). docs/formats.md has the consequences.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from eagle3.convert.store_writer import (
     peer_path,
     require_empty,
 )
-from eagle3.convert.vocab import read_vocab_map
+from eagle3.convert.vocab import ascending, read_vocab_map
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_with, fsync_dir
 from eagle3.store.run_store import DTYPES, RunInfo, RunStore, now
@@ -75,6 +78,13 @@ class FinalNorm:
 
     weight: torch.Tensor  # [H]
     eps: float
+
+    def invert(self, y: torch.Tensor) -> torch.Tensor:
+        """A state whose normalisation is `y` (a post-norm state): y / weight has RMS 1 (up to eps), so apply() of
+        it gives back y. Refuses a weight with zeros (their coordinates cannot be recovered)."""
+        if bool((self.weight == 0).any()):
+            raise PeerFormatError("the final norm weight has zeros: its post-norm state has no unit-RMS preimage")
+        return (y.to(torch.float32) / self.weight.to(torch.float32)).to(y.dtype)
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm, in the same order of operations and dtypes (result in x's dtype)."""
@@ -165,15 +175,20 @@ def export_speculators(
     out_dir: str | Path,
     *,
     include_vocab_map: bool = True,
+    final_norm: FinalNorm | None = None,
     workers: int = 4,
     report: ProgressFn = no_progress,
 ) -> PeerExportResult:
-    """Write the store in speculators' offline layout; resumes an interrupted export of the same store."""
+    """Write the store in speculators' offline layout; resumes an interrupted export of the same store.
+
+    final_norm (FinalNorm.from_model_dir(model)): write the last slot as the norm's input (post-norm / weight), for
+    speculators' trainer, which normalises that slot; without it the slot is our post-norm state (data moves)."""
     start = time.monotonic()
     out = Path(out_dir)
     info = require_run_info(store)
     layer_ids = hf_to_vllm(info.aux_layers, info.num_layers)
-    jobs, skip = begin_export(store, info, out, PEER, layer_ids, CONVENTION)
+    last_state = "post_norm" if final_norm is None else "norm_input"
+    jobs, skip = begin_export(store, info, out, PEER, layer_ids, CONVENTION, last_state)
     counter = ProgressCounter("export-speculators", len(jobs), report)
 
     def one(job: SidecarSample) -> tuple[np.ndarray, np.ndarray, tuple[int, int, int]]:
@@ -183,7 +198,8 @@ def export_speculators(
         dst = hs_path(out, job.index)
         if skip and dst.is_file():
             return ids, mask, (0, 0, 1)
-        data = _hs_file(s.input_ids, s.aux_hidden_states, s.last_hidden_state)
+        last = s.last_hidden_state if final_norm is None else final_norm.invert(s.last_hidden_state)
+        data = _hs_file(s.input_ids, s.aux_hidden_states, last)
         atomic_write_with(dst, lambda f: f.write(data), sync_dir=False)
         return ids, mask, (src.stat().st_size, len(data), 0)
 
@@ -199,12 +215,16 @@ def export_speculators(
         f"layer ids for vLLM/speculators (eagle_aux_hidden_state_layer_ids): {layer_ids}",
         "the last hidden_states slot holds the POST-norm final state (our store's); speculators applies the "
         "verifier norm to that slot again, so its verifier targets differ from vLLM-extracted data "
-        "(docs/formats.md)",
+        "(docs/formats.md)"
+        if final_norm is None
+        else "the last hidden_states slot holds our post-norm state divided by the final norm's weight: "
+        "speculators' verifier norm maps it back to our post-norm state (its targets are ours)",
     ]
     notes += store_dtype_notes(info, PEER)
     vocab = store.vocab_map_path
     if include_vocab_map and vocab.is_file():
         d2t, t2d, _ = read_vocab_map(vocab)
+        d2t = ascending(d2t)  # their lm_head rows are lm_head[t2d]: ascending target ids (eagle3/convert/vocab.py)
         for name, arr in (("d2t.npy", d2t.numpy()), ("t2d.npy", t2d.numpy())):
             atomic_write_with(out / name, lambda f, a=arr: np.save(f, a, allow_pickle=False))  # type: ignore[misc]
     counter.finish()
@@ -293,6 +313,13 @@ def import_speculators(
     if side is not None:
         info: RunInfo | None = RunInfo.model_validate({**side.run_info, "created_at": now()})
         aux_layers, peer_ids, norm = side.aux_layers, side.peer_layer_ids, None
+        if side.last_state == "norm_input":  # exported for speculators' trainer: its last slot is the norm's input
+            if final_norm is None:
+                raise PeerFormatError(
+                    f"{src / 'eagle3_export.json'}: last_state norm_input (exported for speculators' trainer); "
+                    "pass final_norm=FinalNorm.from_model_dir(model)"
+                )
+            norm = final_norm
         if len(side.samples) != len(rows):
             raise PeerFormatError(f"{src}: dataset has {len(rows)} rows, {src / 'eagle3_export.json'} lists "
                                   f"{len(side.samples)} samples")  # fmt: skip
@@ -322,7 +349,7 @@ def import_speculators(
         store, shards, load, info=info, target=target, aux_layers=aux_layers, peer_ids=peer_ids,
         convention=CONVENTION, engine="vllm", cfg=cfg, workers=workers, report=report,
     )  # fmt: skip
-    notes = [] if side else ["last slot (vLLM id N, pre-norm) passed through the target's final norm"]
+    notes = [] if norm is None else ["last slot (vLLM id N, pre-norm) passed through the target's final norm"]
     result = ImportResult(
         peer=PEER, src_dir=str(src), run_dir=str(store.root), num_samples=summary.num_samples,
         num_tokens=summary.num_tokens, num_shards=len(summary.shard_samples), aux_layers=aux_layers,

@@ -9,7 +9,9 @@ Selection order: count descending, ties by target id ascending. When the store h
 loss-masked ids than the draft size, the rest is filled with unseen ids in ascending id order (count 0,
 so the same rule). Draft index i is the i-th id in that order, so `arange(draft) + d2t` lists the
 selected ids most frequent first. (SpecForge and speculators sort the selected ids by target id
-instead; either order is valid as long as the draft's lm_head rows follow the same map.)
+instead; either order is valid as long as the draft's lm_head rows follow the same map. Their trainers take
+the teacher's rows as lm_head[t2d], i.e. in ascending target id, whatever d2t says, so the exports for them write
+`ascending(d2t)`: the same draft vocabulary in their order.)
 """
 
 from __future__ import annotations
@@ -103,6 +105,12 @@ def vocab_map_sizes(path: Path) -> tuple[int, int]:
         if "draft_vocab_size" in meta and "target_vocab_size" in meta:
             return int(meta["draft_vocab_size"]), int(meta["target_vocab_size"])
         return int(f.get_slice("d2t").get_shape()[0]), int(f.get_slice("t2d").get_shape()[0])
+
+
+def ascending(d2t: torch.Tensor) -> torch.Tensor:
+    """The same draft vocabulary with draft ids in ascending target id: the order of lm_head[t2d] (peers' trainers)."""
+    ids = torch.sort(torch.arange(d2t.numel(), dtype=torch.int64) + d2t).values
+    return ids - torch.arange(d2t.numel(), dtype=torch.int64)
 
 
 def check_vocab_map(d2t: torch.Tensor, t2d: torch.Tensor, where: str, target_vocab_size: int | None = None) -> None:

@@ -284,3 +284,46 @@ def test_gzipped_specforge_files_import_like_plain_ones(tmp_path: Path) -> None:
     import_specforge(tmp_path / "sf", store, target=TARGET, aux_layers_hf=AUX_LAYERS)
     s = store.open_sample(0, "specforge-00000000")
     assert torch.equal(s.aux_hidden_states, aux) and torch.equal(s.last_hidden_state, last)
+
+
+def test_speculators_export_for_their_trainer_gives_back_our_post_norm_state_through_their_verifier_norm(
+    tmp_path: Path,
+) -> None:
+    """final_norm: the last slot is post-norm / weight, whose normalisation (speculators' verifier norm, an RMSNorm
+    like FinalNorm.apply) is a real post-norm state again to within bf16 rounding; importing it back needs the norm."""
+    x = torch.randn(5, H, dtype=torch.bfloat16) * 3
+    norm = FinalNorm(weight=torch.linspace(0.5, 2.0, H), eps=1e-6)
+    post = norm.apply(x)
+    assert torch.allclose(norm.apply(norm.invert(post)).float(), post.float(), rtol=2e-2, atol=2e-2)
+    src = make_store(tmp_path / "run", SAMPLES)
+    exp = export_speculators(src, tmp_path / "spec", final_norm=norm, workers=2)
+    assert "maps it back" in exp.notes[1]
+    for i, (_, _, path) in enumerate(src.iter_samples()):
+        ours = load_file(path)["last_hidden_state"]
+        slot = load_file(str(tmp_path / "spec" / "hidden_states" / f"hs_{i}.safetensors"))["hidden_states"][:, -1]
+        assert torch.equal(slot, norm.invert(ours))
+    with pytest.raises(PeerFormatError, match="norm_input"):
+        import_speculators(tmp_path / "spec", RunStore(tmp_path / "refused"), workers=1)
+    back = RunStore(tmp_path / "back")
+    assert import_speculators(tmp_path / "spec", back, final_norm=norm, workers=1).num_samples == len(SAMPLES)
+
+
+def test_both_exports_write_our_draft_vocabulary_in_the_peers_order_ascending_target_ids(tmp_path: Path) -> None:
+    """speculators and SpecForge take the teacher's rows as lm_head[t2d] (ascending target id) whatever d2t says: a
+    frequency-ordered d2t would pair each of their lm_head rows with another token's target (acceptance 1.0)."""
+    from eagle3.convert.vocab import ascending, select_vocab, write_vocab_map
+
+    src = make_store(tmp_path / "run", SAMPLES)
+    counts = torch.zeros(64, dtype=torch.int64)
+    counts[[40, 3, 17, 9]] = torch.tensor([9, 7, 5, 3])  # most frequent first: 40, 3, 17, 9
+    vm = select_vocab(counts, 4)
+    write_vocab_map(src.vocab_map_path, vm)
+    want = torch.tensor([3, 9, 17, 40])
+    assert torch.equal(torch.arange(4) + ascending(vm.d2t), want)
+    export_speculators(src, tmp_path / "spec", workers=1)
+    d2t = torch.from_numpy(np.load(tmp_path / "spec" / "d2t.npy"))
+    assert torch.equal(torch.arange(4) + d2t, want)
+    assert torch.equal(torch.from_numpy(np.load(tmp_path / "spec" / "t2d.npy")), vm.t2d)
+    export_specforge(src, tmp_path / "sf", workers=1)
+    mapping = torch.load(tmp_path / "sf" / "vocab_mapping" / "vocab_mapping.pt", weights_only=True)
+    assert torch.equal(torch.arange(4) + mapping["d2t"], want) and torch.equal(mapping["t2d"], vm.t2d)
