@@ -149,6 +149,8 @@ def vocab_problems(cfg: PipelineConfig) -> list[str]:
             "and convert to stages (stages: [..., extract, convert, train]), or give the run_dir of a converted store."
         ]
     draft, target = vocab_map_sizes(store.vocab_map_path)
+    if cfg.train.draft_vocab_size is None:  # unset: the map convert built is the draft's vocabulary
+        return []
     want = min(cfg.train.draft_vocab_size, target)
     if draft == want:
         return []

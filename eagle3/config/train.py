@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from eagle3.config.base import OnOff, StrictModel
 
+#: The draft vocabulary convert builds when train.draft_vocab_size is not set (EAGLE-3's published drafts' size).
+DEFAULT_DRAFT_VOCAB = 32000
+
 #: The draft methods (eagle3/draft/methods.py has one row per name; a unit test keeps the two equal).
 DraftMethodName = Literal["eagle3", "eagle3.1", "dflash", "dspark"]
 
@@ -92,7 +95,11 @@ class TrainConfig(StrictModel):
         description="DSpark: the rank of its Markov head (markov_w1 [V, r], markov_w2 [V, r]: 2 x V x r weights).",
     )  # fmt: skip
     ttt_decay: float = Field(0.8, gt=0, le=1.0, description="Loss weight of step i is decay**i.")
-    draft_vocab_size: int = Field(32000, gt=0, description="Draft vocabulary (capped at the target's).")
+    draft_vocab_size: int | None = Field(
+        None, gt=0,
+        description="Draft vocabulary (capped at the target's). Empty: 32,000 where convert builds the map, the "
+        "store's own map where train runs on a converted store.",
+    )  # fmt: skip
     checkpoint_every: int = Field(200, gt=0, description="Steps between atomic checkpoints.")
     log_every: int = Field(10, gt=0, description="Steps between metric reports.")
     seed: int = Field(0, description="Data order and init seed.")
@@ -173,6 +180,10 @@ class TrainConfig(StrictModel):
         "`best`: the one with the highest held-out acceptance length (checkpoints/best.json, never pruned); needs "
         "heldout_fraction > 0.",
     )
+
+    def convert_vocab_size(self) -> int:
+        """The draft vocabulary convert builds: draft_vocab_size, else DEFAULT_DRAFT_VOCAB."""
+        return self.draft_vocab_size or DEFAULT_DRAFT_VOCAB
 
     def trained_methods(self) -> list[str]:
         """The methods a run trains: `methods`, else `method` alone."""

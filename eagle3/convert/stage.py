@@ -144,7 +144,7 @@ def convert(
     """Build vocab_map.safetensors and index.arrow for the store (skipped when already up to date)."""
     start = time.monotonic()
     info = require_run_info(store)
-    draft = min(cfg.train.draft_vocab_size, info.vocab_size)
+    draft = min(cfg.train.convert_vocab_size(), info.vocab_size)
     fingerprint, num_samples = _fingerprint(store, info, draft)
     if num_samples == 0:
         raise ConvertError(f"{store.root}: no extracted samples in any shard manifest; run the extract stage first")

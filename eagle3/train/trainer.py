@@ -301,7 +301,8 @@ class Trainer:
                 f"{self.job.run_dir}/vocab_map.safetensors: t2d has {len(t2d)} entries, the target "
                 f"vocabulary {dcfg.vocab_size}; re-run convert"
             )
-        want = min(self.cfg.draft_vocab_size, dcfg.vocab_size)
+        asked = self.cfg.draft_vocab_size  # None: the map's own size
+        want = dcfg.draft_vocab_size if asked is None else min(asked, dcfg.vocab_size)
         if dcfg.draft_vocab_size != want:
             raise TrainError(
                 f"{self.job.run_dir}/vocab_map.safetensors has {dcfg.draft_vocab_size} draft ids, "

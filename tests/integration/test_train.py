@@ -242,3 +242,15 @@ def test_a_draft_of_a_wrapped_mla_target_with_yarn_rope_trains_exports_and_loads
         trained = t.model.trainable_state_dict()
     for key, value in draft.trainable_state_dict().items():
         torch.testing.assert_close(value, trained[key], msg=key)
+
+
+def test_train_without_a_draft_vocab_size_takes_the_stores_map_and_a_mismatched_one_is_refused(
+    store: Path, tmp_path: Path
+) -> None:
+    """train.draft_vocab_size unset: the draft's vocabulary is the map convert built (96 ids here), so the train
+    deployment given only a run_dir trains on any converted store; set to another size, refused naming both."""
+    with Trainer.build(job(store, tmp_path / "unset", draft_vocab_size=None, max_steps=1)) as t:
+        assert t.model.cfg.draft_vocab_size == 96
+        t.run()
+    with pytest.raises(Exception, match=r"has 96 draft ids, train.draft_vocab_size asks 64; re-run convert"):
+        Trainer.build(job(store, tmp_path / "other", draft_vocab_size=64))

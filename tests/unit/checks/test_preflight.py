@@ -321,6 +321,8 @@ def test_train_without_convert_is_refused_when_the_vocabulary_map_does_not_fit_o
     check_stages(config(tmp_path, ["train"], train={"draft_vocab_size": 64}), model)
     write_vocab_map(store.vocab_map_path, select_vocab(torch.arange(100), 100))  # the whole target vocabulary
     check_stages(config(tmp_path, ["train"], train={"draft_vocab_size": 5000}), model)  # asks for more: capped
+    write_vocab_map(store.vocab_map_path, select_vocab(torch.arange(100), 64))
+    check_stages(config(tmp_path, ["train"]), model)  # train.draft_vocab_size unset: the store's map, whatever size
 
 
 def test_a_chain_longer_than_a_block_drafter_drafts_is_refused_naming_the_keys(tmp_path: Path, model: Path) -> None:
