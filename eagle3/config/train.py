@@ -97,8 +97,7 @@ class TrainConfig(StrictModel):
     ttt_decay: float = Field(0.8, gt=0, le=1.0, description="Loss weight of step i is decay**i.")
     draft_vocab_size: int | None = Field(
         None, gt=0,
-        description="Draft vocabulary (capped at the target's). Empty: 32,000 where convert builds the map, the "
-        "store's own map where train runs on a converted store.",
+        description="Draft vocabulary. Empty: the store's map (32,000 where convert builds it).",
     )  # fmt: skip
     checkpoint_every: int = Field(200, gt=0, description="Steps between atomic checkpoints.")
     log_every: int = Field(10, gt=0, description="Steps between metric reports.")

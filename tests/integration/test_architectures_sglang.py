@@ -281,7 +281,7 @@ def test_sglang_serves_this_architecture_on_cpu_but_its_hidden_states_are_not_fi
         server.stop()
     # The layer convention is checked all the same: qwen3_moe.py's +1 rule, as the hook saw SGLang resolve it.
     facts = read_model_facts(model)
-    aux = [2, facts.num_layers // 2, facts.num_layers - 3]
+    aux = five_layers(facts.num_layers)  # the store's five (sglang_pipeline_config)
     assert engine.info.aux_layers == aux and engine.info.engine_layer_ids == [i - 1 for i in aux]
     workers = [s for s in proto.read_statuses(tmp_path / "dump") if s["status"] == "worker"]
     assert workers and all(w["layers_to_capture"] == aux and w["problem"] is None for w in workers)
