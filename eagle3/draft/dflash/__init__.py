@@ -44,10 +44,30 @@ def default_layers(num_layers: int) -> list[int]:
     return [x + 1 for x in serving.build_target_layer_ids(num_layers, DEFAULT_NUM_LAYERS)]
 
 
+def settings(train: TrainConfig | None) -> TrainConfig:
+    """The draft's train settings, the config's defaults when none are given (block size, mask id, Markov rank)."""
+    from eagle3.config import TrainConfig
+
+    return train if train is not None else TrainConfig.model_validate({})
+
+
 def mask_token_id(cfg: DraftConfig, train: TrainConfig | None) -> int:
     """train.mask_token_id, else the target's last vocabulary id."""
-    chosen = train.mask_token_id if train is not None else None
+    chosen = settings(train).mask_token_id
     return chosen if chosen is not None else cfg.vocab_size - 1
+
+
+def checked_mask_token_id(cfg: DraftConfig, train: TrainConfig | None) -> int:
+    """mask_token_id, refused (DraftConfigError) when it is not a token of the target, as SGLang refuses it."""
+    from eagle3.draft.shape import DraftConfigError
+
+    mask = mask_token_id(cfg, train)
+    if mask >= cfg.vocab_size:
+        raise DraftConfigError(
+            f"train.mask_token_id {mask} is not below the target's vocab_size {cfg.vocab_size} (SGLang refuses "
+            "it); choose a token id of the target"
+        )
+    return mask
 
 
 class DFlashMethod:
@@ -82,17 +102,9 @@ class DFlashMethod:
         lm_head: Tensor | None = None,
         train: TrainConfig | None = None,
     ) -> nn.Module:
-        from eagle3.draft.shape import DraftConfigError
-
-        mask = mask_token_id(cfg, train)
-        if mask >= cfg.vocab_size:
-            raise DraftConfigError(
-                f"train.mask_token_id {mask} is not below the target's vocab_size {cfg.vocab_size} (SGLang refuses "
-                "it); choose a token id of the target"
-            )
-        block = train.block_size if train is not None else 16
-        return DFlashDraft(cfg, num_layers=cfg.num_aux, block_size=block, mask_token_id=mask, embed_weight=embedding,
-                           lm_head=lm_head)  # fmt: skip
+        mask = checked_mask_token_id(cfg, train)
+        return DFlashDraft(cfg, num_layers=cfg.num_aux, block_size=settings(train).block_size, mask_token_id=mask,
+                           embed_weight=embedding, lm_head=lm_head)  # fmt: skip
 
     def loss(
         self,
@@ -126,7 +138,7 @@ class DFlashMethod:
         return serving.sglang_config(
             cfg,
             num_layers=cfg.num_aux,
-            block_size=train.block_size if train is not None else 16,
+            block_size=settings(train).block_size,
             mask_token_id=mask_token_id(cfg, train),
             layer_ids=serving.target_layer_ids(aux_layers, model_type),
         )
@@ -148,7 +160,7 @@ class DFlashMethod:
     def serve_flags(self, train: TrainConfig | None, speculative_tokens: int) -> list[str]:
         """The verify width is the block (SGLang would override the config's block size with another value, and
         serves DFlash / DSpark with one step of top-1 whatever it is given)."""
-        return ["--speculative-num-draft-tokens", str(train.block_size if train is not None else 16)]
+        return ["--speculative-num-draft-tokens", str(settings(train).block_size)]
 
 
 METHOD = DFlashMethod()

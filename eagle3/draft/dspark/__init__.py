@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor, nn
 
-from eagle3.draft.dflash import DFlashMethod, mask_token_id
+from eagle3.draft.dflash import DFlashMethod, checked_mask_token_id, mask_token_id, settings
 from eagle3.draft.dflash import serving as dflash_serving
 from eagle3.draft.dspark import serving
 from eagle3.draft.dspark.model import DSparkDraft
-from eagle3.draft.shape import DraftConfig, DraftConfigError
+from eagle3.draft.shape import DraftConfig
 
 if TYPE_CHECKING:
     from eagle3.config import TrainConfig
@@ -39,15 +39,9 @@ class DSparkMethod(DFlashMethod):
         lm_head: Tensor | None = None,
         train: TrainConfig | None = None,
     ) -> nn.Module:
-        mask = mask_token_id(cfg, train)
-        if mask >= cfg.vocab_size:
-            raise DraftConfigError(
-                f"train.mask_token_id {mask} is not below the target's vocab_size {cfg.vocab_size} (SGLang refuses "
-                "it); choose a token id of the target"
-            )
-        return DSparkDraft(cfg, num_layers=cfg.num_aux, block_size=train.block_size if train is not None else 16,
-                           mask_token_id=mask, markov_rank=train.markov_rank if train is not None else 256,
-                           embed_weight=embedding, lm_head=lm_head)  # fmt: skip
+        mask, s = checked_mask_token_id(cfg, train), settings(train)
+        return DSparkDraft(cfg, num_layers=cfg.num_aux, block_size=s.block_size, mask_token_id=mask,
+                           markov_rank=s.markov_rank, embed_weight=embedding, lm_head=lm_head)  # fmt: skip
 
     def sglang_config(
         self, cfg: DraftConfig, layer_ids: list[int], *, aux_layers: list[int], model_type: str,
@@ -56,9 +50,9 @@ class DSparkMethod(DFlashMethod):
         return serving.sglang_config(
             cfg,
             num_layers=cfg.num_aux,
-            block_size=train.block_size if train is not None else 16,
+            block_size=settings(train).block_size,
             mask_token_id=mask_token_id(cfg, train),
-            markov_rank=train.markov_rank if train is not None else 256,
+            markov_rank=settings(train).markov_rank,
             layer_ids=dflash_serving.target_layer_ids(aux_layers, model_type),
         )
 
