@@ -51,12 +51,10 @@ def main() -> None:
     p.add_argument("--block-size", type=int, required=True)
     p.add_argument("--algorithm", default="DFLASH")
     args = p.parse_args()
+    from sglang_loader import load_draft_and_target  # beside this script, which SGLang's interpreter runs
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
-    from sglang.srt.configs.device_config import DeviceConfig
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
         configure_aux_hidden_state_capture,
     )
@@ -97,18 +95,12 @@ def main() -> None:
         reset_context()
         server_args = make_args()
         publish(server_args, role="test", ranks=SpawnRanks(world_rank=0))
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
-    initialize_model_parallel(backend="gloo")
-    device = DeviceConfig("cpu")
-
-    # the draft, as the draft worker loads it (is_draft_model=True, the real weights)
-    draft_cfg = ModelConfig.from_server_args(server_args, model_path=args.draft, is_draft_model=True)
-    draft = get_model(model_config=draft_cfg, load_config=LoadConfig(), device_config=device)
+    # the draft, as the draft worker loads it (is_draft_model=True, the real weights), and the target's config
+    draft, draft_cfg, target_cfg, device = load_draft_and_target(server_args, args.draft, args.target)
     tensors = {f"param.{n}": p.detach().clone().contiguous() for n, p in draft.named_parameters()}
     parsed = parse_dflash_draft_config(draft_hf_config=draft_cfg.hf_config)
 
     # the target: which layers SGLang captures for this draft (dummy weights: only the wiring matters)
-    target_cfg = ModelConfig.from_server_args(server_args, model_path=args.target)
     algorithm = SpeculativeAlgorithm.from_string(args.algorithm)
     aux = resolve_spec_aux_hidden_state_config(
         server_args=server_args, model_config=target_cfg, spec_algorithm=algorithm, is_draft_worker=False

@@ -29,12 +29,10 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True, help="gloo rendezvous port")
     p.add_argument("--inputs", help="safetensors with input_ids [T] and aux [T, K*H]: run the draft's step 0 on them")
     args = p.parse_args()
+    from sglang_loader import load_draft_and_target  # beside this script, which SGLang's interpreter runs
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
-    from sglang.srt.configs.device_config import DeviceConfig
     from sglang.srt.configs.load_config import LoadConfig
-    from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.distributed.parallel_state import init_distributed_environment, initialize_model_parallel
     from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
         configure_aux_hidden_state_capture,
     )
@@ -60,13 +58,8 @@ def main() -> None:
     )
     reset_context()
     publish(server_args, role="test", ranks=SpawnRanks(world_rank=0))
-    init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
-    initialize_model_parallel(backend="gloo")
-    device = DeviceConfig("cpu")
-
-    # the draft, as the draft worker loads it (is_draft_model=True, the real weights)
-    draft_cfg = ModelConfig.from_server_args(server_args, model_path=args.draft, is_draft_model=True)
-    draft = get_model(model_config=draft_cfg, load_config=LoadConfig(), device_config=device)
+    # the draft, as the draft worker loads it (is_draft_model=True, the real weights), and the target's config
+    draft, draft_cfg, target_cfg, device = load_draft_and_target(server_args, args.draft, args.target)
     tensors = {f"param.{n}": p.detach().clone() for n, p in draft.named_parameters()}
     if draft.hot_token_id is not None:
         tensors["hot_token_id"] = draft.hot_token_id.clone()
@@ -86,7 +79,6 @@ def main() -> None:
         tensors.update(draft_step0(draft, args.target, args.inputs))
 
     # the target: which layers SGLang captures for this draft (dummy weights: only the wiring matters)
-    target_cfg = ModelConfig.from_server_args(server_args, model_path=args.target)
     aux = resolve_spec_aux_hidden_state_config(
         server_args=server_args,
         model_config=target_cfg,
