@@ -57,13 +57,15 @@ def check_methods(cfg: PipelineConfig, model_dir: Path) -> None:
     stages = set(cfg.stages)
     if not stages & {"train", "evaluate"}:
         return
-    store_layers, where = layers_to_train_on(cfg, model_dir) if "train" in stages else ([], "")
+    train = "train" in stages
+    store_layers, where = layers_to_train_on(cfg, model_dir) if train else ([], "")
+    target, num_layers = (read_target_config(model_dir), read_model_facts(model_dir).num_layers) if train else ({}, 0)
     for name in cfg.train.trained_methods():
         try:
             method = method_named(name)
-            if "train" in stages:
-                method.check(cfg.train, read_target_config(model_dir))
-                method.layers(store_layers, read_model_facts(model_dir).num_layers, cfg.train.aux_layers)
+            if train:
+                method.check(cfg.train, target)
+                method.layers(store_layers, num_layers, cfg.train.aux_layers)
         except MethodError as e:
             raise PreflightError(f"train.method {name}: {e} ({where} {store_layers}; model {model_dir})") from None
         most = method.max_draft_steps(cfg.train)
