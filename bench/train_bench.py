@@ -3,6 +3,9 @@
     python bench/train_bench.py make --root R [--samples 128] [--store-dtype float8_e4m3]  # store + target, once
     torchrun --nproc_per_node N bench/train_bench.py run --root R [--steps 20]  # on 1..N GPUs
     torchrun --nproc_per_node N bench/train_bench.py run --root R --parallel fsdp  # FSDP2 instead of DDP
+    # another draft method (docs/methods.md) on a 5-layer store of the demo target's shape:
+    python bench/train_bench.py make --root R --shape smollm2 --aux-layers 2,8,15,22,27
+    torchrun --nproc_per_node 1 bench/train_bench.py run --root R --shape smollm2 --method dflash
     python bench/train_bench.py check                                          # flex vs dense attention
 
 `run` times, in one process per GPU (one compile): (1) `memory`: the same few batches already on the GPU,
@@ -98,8 +101,9 @@ def shape(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def make(args: argparse.Namespace) -> None:
+    layers = {"aux_layers": tuple(int(x) for x in args.aux_layers.split(","))} if args.aux_layers else {}
     spec = SyntheticSpec(
-        **shape(args), lengths=(args.seq,) * args.samples, learnable=False, store_dtype=args.store_dtype
+        **{**shape(args), **layers}, lengths=(args.seq,) * args.samples, learnable=False, store_dtype=args.store_dtype
     )
     t0 = time.perf_counter()
     write_run(Path(args.root) / "store", Path(args.root) / "target", spec, device=args.device, threads=16)
@@ -239,6 +243,7 @@ def run(args: argparse.Namespace) -> None:
             "loader_threads": args.threads,
             "prefetch_batches": args.prefetch,
             "parallel": args.parallel,
+            "method": args.method,
         }
     )
     job = TrainJob(
@@ -257,17 +262,22 @@ def run(args: argparse.Namespace) -> None:
     if rank == 0:
         print(json.dumps({"built_s": time.perf_counter() - t0}), flush=True)
     d = trainer.model.cfg
-    fpt = flops_per_token(
-        d.hidden_size,
-        d.intermediate_size,
-        d.num_heads,
-        d.num_kv_heads,
-        d.head_dim,
-        d.num_aux,
-        d.draft_vocab_size,
-        d.vocab_size,
-        args.ttt_steps,
-        args.seq,
+    # the FLOPs formula (the module docstring) is EAGLE-3's TTT chain: no MFU for a block drafter
+    fpt = (
+        None
+        if not args.method.startswith("eagle3")
+        else flops_per_token(
+            d.hidden_size,
+            d.intermediate_size,
+            d.num_heads,
+            d.num_kv_heads,
+            d.head_dim,
+            d.num_aux,
+            d.draft_vocab_size,
+            d.vocab_size,
+            args.ttt_steps,
+            args.seq,
+        )
     )
     results = {}
     try:
@@ -292,7 +302,7 @@ def run(args: argparse.Namespace) -> None:
                 compile=args.compile,
                 parallel=args.parallel if world > 1 else "none",
                 flops_per_token=fpt,
-                mfu=fpt * r["tokens_per_s"] / PEAK_BF16,
+                mfu=None if fpt is None else fpt * r["tokens_per_s"] / PEAK_BF16,
                 peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
                 data_wait_frac=r["data_wait_s"] / r["wall_s"],
             )
@@ -343,6 +353,44 @@ def check(args: argparse.Namespace) -> None:
         rel = [float((a - b).norm() / b.norm()) for a, b in zip([o1, *g1], [o2, *g2], strict=True)]
         print(json.dumps({"check": "flex_vs_dense", "steps": steps, "max_rel_err": max(rel), "rel": rel}), flush=True)
         assert max(rel) < 2e-2, rel
+    check_blocks()
+
+
+def check_blocks(device: str = "cuda", lengths: tuple[int, ...] = (700, 1300, 400, 1900, 500)) -> None:
+    """The block drafters' FlexAttention (compiled, the CUDA training path) against their dense mask: forward and
+    the weights' gradients of DFlash and DSpark drafts over one packed row of several documents, bf16 autocast."""
+    from eagle3.draft.dflash.loss import block_mask, flex_block_mask
+    from eagle3.draft.methods import method_named
+    from eagle3.draft.shape import DraftConfig
+
+    torch.manual_seed(0)
+    target = {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "head_dim": 64, "vocab_size": 4096, "num_hidden_layers": 30, "rms_norm_eps": 1e-5,
+              "max_position_embeddings": 8192, "model_type": "llama"}  # fmt: skip
+    n = sum(lengths)
+    doc = torch.cat([torch.full((m,), i, dtype=torch.int32) for i, m in enumerate(lengths)]).to(device)
+    positions = torch.cat([torch.arange(m) for m in lengths]).to(device)
+    for method in ("dflash", "dspark"):
+        cfg = DraftConfig.from_target(target, num_aux=5, draft_vocab_size=1024)
+        train = TrainConfig.model_validate({"method": method})
+        model = method_named(method).build(cfg, torch.randn(4096, 576), lm_head=torch.randn(4096, 576), train=train)
+        model = model.to(device)
+        aux = torch.randn(n, 5, 576, device=device)
+        ids = torch.randint(4096, (n,), device=device)
+        g = torch.Generator().manual_seed(0)
+        anchors = torch.randperm(n, generator=g)[: 2 * n // 16].sort().values.to(device)
+        results = []
+        for mask in (flex_block_mask(doc, anchors, model.queries), block_mask(doc, anchors, model.queries)):
+            model.zero_grad()
+            with torch.autocast(device, dtype=torch.bfloat16):
+                out = model(aux, positions, ids[anchors], positions[anchors], mask)
+            (out.float() ** 2).mean().backward()
+            grads = [p.grad.float().clone() for p in model.parameters() if p.grad is not None]
+            results.append((out.detach().float(), grads))
+        (o1, g1), (o2, g2) = results
+        rel = [float((a - b).norm() / b.norm()) for a, b in zip([o1, *g1], [o2, *g2], strict=True)]
+        print(json.dumps({"check": f"{method}_flex_vs_dense", "max_rel_err": max(rel)}), flush=True)
+        assert max(rel) < 2e-2, rel
 
 
 def main() -> None:
@@ -364,6 +412,8 @@ def main() -> None:
     ap.add_argument("--parallel", choices=["ddp", "fsdp"], default="ddp", help="train.parallel (with N > 1)")
     ap.add_argument("--shape", choices=["llama8b", "smollm2"], default="llama8b", help="the draft's target")
     ap.add_argument("--tiny", action="store_true", help="CPU-sized shapes, to try the script without a GPU")
+    ap.add_argument("--aux-layers", default="", help="make: the store's layers, e.g. 2,8,15,22,27")
+    ap.add_argument("--method", default="eagle3", help="run: train.method (a block drafter needs a 5-layer store)")
     ap.add_argument("--out", default="")
     ap.add_argument("--profile", type=int, default=0, help="memory mode: profile this many more steps (1 GPU)")
     ap.add_argument("--eager-loss", action="store_true", help="with --compile: keep the soft cross-entropy eager")

@@ -28,6 +28,7 @@ def runs_of(root: Path) -> list[dict[str, Any]]:
         tag = path.stem.removeprefix("offline-")  # <set>[-<train variant>][-step<N>]
         step = re.search(r"-step(\d+)$", tag)
         for r in json.loads(path.read_text())["runs"]:
+            modelled = r.get("modelled") or {}
             variant = tag.removeprefix(r["set_name"]).removesuffix(step.group(0) if step else "").lstrip("-")
             out.append({
                 "draft": f"{store}/{variant}" if variant else store,
@@ -38,6 +39,8 @@ def runs_of(root: Path) -> list[dict[str, Any]]:
                 "same": f"{r['identical_to_greedy']}/{r['num_prompts']}",
                 "speedup": r["speedup"],
                 "categories": r.get("categories", []),
+                "method": r.get("method", "eagle3"), "modelled": modelled.get("speedup"),
+                "t_ms": [1e3 * modelled[k] for k in ("target_step_s", "verify_s", "draft_s")] if modelled else None,
             })  # fmt: skip
     return out
 
@@ -59,6 +62,53 @@ def reference(draft: str) -> str:
     (quality.sh's CHOICE_FRACTION names those NAME-fNN)."""
     m = re.search(r"-f(\d+)$", draft)
     return f"{BASE}/frac{m.group(1)}" if m else BASE
+
+
+def train_cost(root: Path, draft: str) -> str:
+    """'steps | tokens/s | train seconds' of a draft: its metrics (median tokens/s of the logged windows) and the
+    train stage's wall time in its log (quality.sh: logs/<name>-train.log; the base's data log holds no train)."""
+    store, _, variant = draft.partition("/")
+    metrics = root / store / "run" / (f"train-{variant}" if variant else "train") / "metrics.jsonl"
+    rows = [r for r in read_metrics(metrics) if "tokens_per_s" in r] if metrics.exists() else []
+    seconds = "-"
+    log = root / "logs" / f"{variant or store}-train.log"
+    for line in log.read_text().splitlines() if log.exists() else []:
+        if line.startswith('{"stage": "train"'):
+            seconds = f"{json.loads(line)['seconds']:.0f}"
+    if not rows:
+        return f"- | - | {seconds}"
+    rates = sorted(r["tokens_per_s"] for r in rows)
+    return f"{rows[-1]['step']} | {rates[len(rates) // 2]:,.0f} | {seconds}"
+
+
+def methods_table(root: Path, finals: list[dict[str, Any]]) -> None:
+    """Every draft method on the same store side by side (quality.sh's eagle31, dflash, dspark variants): acceptance,
+    the modelled speed-up from the measured forward times (docs/methods.md), and what its training cost."""
+    methods = [r for r in finals if r["modelled"] is not None]
+    if len({r["method"] for r in methods}) < 2:
+        return
+    print("\n### Draft methods on one store (offline, greedy, float32 target; modelled = tau x t_step / (t_verify + "
+          "t_draft))\n")  # fmt: skip
+    print("| draft | method | set | k | acceptance length | modelled speed-up | t_step / t_verify / t_draft (ms) | "
+          "per position |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---|---|")
+    for r in sorted(methods, key=lambda r: (r["set"], r["draft"], r["k"])):
+        t = " / ".join(f"{x:.2f}" for x in r["t_ms"])
+        print(f"| {r['draft']} | {r['method']} | {r['set']} | {r['k']} | {r['tau']:.3f} | {r['modelled']:.2f}x | {t} | "
+              f"{fmt_rates(r['rates'])} |")  # fmt: skip
+    best = {}
+    for r in methods:
+        key = (r["set"], r["method"])
+        if key not in best or r["modelled"] > best[key]["modelled"]:
+            best[key] = r
+    print("\n| set | method | best k | modelled speed-up | vs eagle3's best |\n|---|---|---:|---:|---:|")
+    for (s, m), r in sorted(best.items()):
+        base = best.get((s, "eagle3"))
+        ratio = f"{r['modelled'] / base['modelled']:.3f}x" if base else "-"
+        print(f"| {s} | {m} | {r['k']} | {r['modelled']:.2f}x | {ratio} |")
+    print("\n| draft | method | steps | tokens/s (median) | train seconds |\n|---|---|---:|---:|---:|")
+    for d, m in sorted({(r["draft"], r["method"]) for r in methods}):
+        print(f"| {d} | {m} | {train_cost(root, d)} |")
 
 
 def main() -> None:
@@ -97,6 +147,7 @@ def main() -> None:
                 tau = f"{got['tau']:.3f}" if got else "-"
                 cells += [tau, f"{got['tau'] - base['tau']:+.3f}" if got and base else "-"]
             print(f"| {d} | {ref} | " + " | ".join(cells) + " |")
+    methods_table(root, finals)
     curve = sorted((r for r in runs if r["step"] is not None), key=lambda r: r["step"])
     if curve:
         print(f"\n### Epoch curve: the {BASE} draft's checkpoints on the varied set (k=3)\n")

@@ -64,20 +64,25 @@ chain $BASE "--root $R/$BASE $KEEP" "$SETS" "$BASE_K" & pids=($!)
 # on the bf16 store itself (run/train-NAME); the vocabulary changes the convert stage, so it gets a store of its
 # own. With CHOICE_FRACTION=F < 1, seed, TTT, learning rate and vocabulary train on that fraction of the data
 # (named NAME-fPCT) and are compared with the base at the same fraction (frac25 for 0.25), to spend a quarter of the
-# GPU time on each. VARIANTS picks them; `eagle31` trains EAGLE-3.1 (train.method) on the base store with the base's
-# settings and evaluates it as the base (the methods side by side, docs/methods.md).
+# GPU time on each. VARIANTS picks them; `eagle31`, `dflash` and `dspark` train that method (train.method) on the
+# base store with the base's settings and evaluate it on every set (the methods side by side, docs/methods.md).
 F=${CHOICE_FRACTION:-1}
 PCT=$(${PY:-python3} -c "print(round($F * 100))")
 declare -A VARIANT=([seed1]="--set train.seed=1" [frac25]="--set train.data_fraction=0.25"
                     [frac50]="--set train.data_fraction=0.5" [ttt3]="--set train.ttt_steps=3"
                     [lr3e-4]="--set train.lr=3e-4" [lr3e-3]="--set train.lr=3e-3" [vocab8k]="--set train.draft_vocab_size=8192 --reuse-data $R/$BASE"
-                    [eagle31]="--set train.method=eagle3.1")  # another draft method on the same store (docs/methods.md)
+                    [eagle31]="--set train.method=eagle3.1" [dflash]="--set train.method=dflash"
+                    [dspark]="--set train.method=dspark")  # other draft methods on the same store (docs/methods.md)
+# a block drafter is also evaluated at its whole block (train.block_size 16: 15 drafted tokens), the length SGLang serves
+BLOCK_K="--set evaluate.compare_steps=[3,5,15]"
 for v in ${VARIANTS-seed1 frac25 frac50 ttt3 lr3e-4 vocab8k}; do
   name=$v; args=${VARIANT[$v]}
   if [ "$PCT" != 100 ] && [[ $v != frac* ]]; then name=$v-f$PCT; args="$args --set train.data_fraction=$F"; fi
   if [ $v = vocab8k ]; then args="--root $R/$name $args"; else args="--root $R/$BASE $args --train-name $name"; fi
   if [ $v = eagle31 ]; then  # a method, not a training choice: every set at the base's chain lengths
     chain $name "$args" "$SETS" "$BASE_K" & pids+=($!)
+  elif [ $v = dflash ] || [ $v = dspark ]; then
+    chain $name "$args" "$SETS" "$BLOCK_K" & pids+=($!)
   else
     chain $name "$args" "varied humaneval" "$K3" & pids+=($!)
   fi

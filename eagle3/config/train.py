@@ -130,6 +130,10 @@ class TrainConfig(StrictModel):
         """Whether training on `device_type` ("cuda", "cpu") compiles: the one place `compile: auto` resolves."""
         return self.compile == "on" or (self.compile == "auto" and device_type == "cuda")
 
+    def flex(self, device_type: str) -> bool:
+        """Whether attention on `device_type` goes through FlexAttention: the one place `attention: auto` resolves."""
+        return self.attention == "flex" or (self.attention == "auto" and device_type == "cuda")
+
     loader_threads: int = Field(4, gt=0, le=64, description="Threads that read and pack batches.")
     prefetch_batches: int = Field(4, gt=0, le=64, description="Batches read ahead of the step.")
     keep_checkpoints: int = Field(2, gt=0, le=1000, description="Newest checkpoints kept on disk.")

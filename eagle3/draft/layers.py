@@ -4,6 +4,7 @@ documents of one packed row (dense for CPU and tests, FlexAttention on CUDA).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -127,6 +128,23 @@ def _as_kv_blocks(blocks: Tensor) -> tuple[Tensor, Tensor]:
     return counts[None, None], order[None, None]
 
 
+@functools.cache
+def compiled_flex() -> Any:
+    """torch's flex_attention, compiled once per process (its eager form materialises every score)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def as_block_mask(blocks: Tensor, mask_mod: Any, q_len: int, kv_len: int) -> Any:
+    """FlexAttention's BlockMask from the [query blocks, key blocks] booleans where any pair may attend (each such
+    block evaluates `mask_mod` per token): nothing compiled, unlike create_block_mask (document_blocks)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    return BlockMask.from_kv_blocks(*_as_kv_blocks(blocks), BLOCK_SIZE=FLEX_BLOCK, mask_mod=mask_mod,
+                                    seq_lengths=(q_len, kv_len))  # fmt: skip
+
+
 class FlexAttend:
     """Causal attention within documents through FlexAttention (compiled once, held here; CUDA)."""
 
@@ -134,7 +152,7 @@ class FlexAttend:
         from torch.nn.attention import flex_attention as fa
 
         self._fa = fa
-        self._flex: Any = torch.compile(fa.flex_attention, dynamic=False)
+        self._flex: Any = compiled_flex()
         self._aux = fa.AuxRequest(lse=True) if hasattr(fa, "AuxRequest") else None
 
     def block_mask(self, doc: Tensor) -> Any:

@@ -246,8 +246,7 @@ class Trainer:
         )
         self._resume()
         self.start_step = self.step
-        use_flex = c.attention == "flex" or (c.attention == "auto" and device.type == "cuda")
-        self.flex = FlexAttend() if use_flex else None
+        self.flex = FlexAttend() if c.flex(device.type) else None
         self.net: torch.nn.Module = self.module  # what the step calls: the draft (FSDP2: sharded in place) or DDP's
         if world > 1 and not self.fsdp:
             self.net = DistributedDataParallel(

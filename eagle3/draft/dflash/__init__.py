@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from eagle3.draft.dflash import serving
 from eagle3.draft.dflash.drafter import BlockDrafter
-from eagle3.draft.dflash.loss import block_loss, block_mask, pick_anchors
+from eagle3.draft.dflash.loss import block_loss, block_mask, flex_block_mask, pick_anchors
 from eagle3.draft.dflash.model import DFlashDraft
 from eagle3.draft.distill import DraftLoss, TargetDist
 from eagle3.draft.layers import AttendFn
@@ -79,7 +79,10 @@ class DFlashMethod:
     )
 
     def layers(self, store_layers: Sequence[int], num_layers: int, requested: Sequence[int] | None) -> list[int]:
-        """train.aux_layers, else SGLang's default five (default_layers), which the store must hold."""
+        """train.aux_layers, else a 5-layer store's layers as they are (extract.aux_layers chose them, as EAGLE-3
+        takes a 3-layer store's), else SGLang's default five (default_layers), which a larger store must hold."""
+        if requested is None and len(store_layers) == DEFAULT_NUM_LAYERS:
+            return list(store_layers)
         return pick_layers(self.name, store_layers, requested, default_layers(num_layers))
 
     def check(self, cfg: TrainConfig, target: dict[str, Any] | None = None) -> None:
@@ -121,7 +124,8 @@ class DFlashMethod:
         `attend` (causal within documents) is not DFlash's attention: the block mask is built here."""
         draft = cast(DFlashDraft, model)
         anchors, real = pick_anchors(batch, draft.block_size, cfg.seed)
-        mask = block_mask(batch.doc, anchors, draft.queries)
+        flex = cfg.flex(batch.doc.device.type)
+        mask = (flex_block_mask if flex else block_mask)(batch.doc, anchors, draft.queries)
         with autocast():
             out = net(batch.aux_hidden, batch.positions, batch.input_ids[anchors], batch.positions[anchors], mask)
         return block_loss(out, draft, batch, anchors, real, target, cfg.target_chunk_tokens)

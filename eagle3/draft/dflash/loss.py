@@ -29,6 +29,7 @@ chain_acceptance over them is the teacher-forced acceptance length of a block (1
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,7 @@ from torch.utils.checkpoint import checkpoint
 from eagle3.draft.data import PackedBatch
 from eagle3.draft.dflash.model import DFlashDraft
 from eagle3.draft.distill import DraftLoss, TargetDist
+from eagle3.draft.layers import FLEX_BLOCK, as_block_mask
 
 #: DFlash's decay constant per block size (its paper: gamma 7 for blocks of 16, 5 for 10, 4 for 8); other sizes
 #: interpolate as B / 2.
@@ -80,6 +82,29 @@ def block_mask(doc: Tensor, anchors: Tensor, block_size: int) -> Tensor:
     own = torch.eye(a, dtype=torch.bool, device=doc.device)  # [A, A]
     mask = torch.cat([ctx, own], dim=1).repeat_interleave(block_size, dim=0)  # [A*Q, N + A]
     return torch.cat([mask[:, :n], mask[:, n:].repeat_interleave(block_size, dim=1)], dim=1)
+
+
+def flex_block_mask(doc: Tensor, anchors: Tensor, queries: int) -> Any:
+    """block_mask's rule as FlexAttention's BlockMask (CUDA training), its [128 x 128] blocks read from the anchors
+    alone: a query block holds the blocks of anchors lo..hi (ascending), so it may see the context rows from
+    lo's document start up to hi, and its own blocks' rows. Everything else is skipped, where the dense mask
+    computes every score: a 16,384-token row's 2,048 blocks see ~2% of its [32,768 x 49,152] pairs."""
+    n, a = doc.shape[0], anchors.shape[0]
+    m = a * queries
+    t = torch.arange(-(-m // FLEX_BLOCK), device=doc.device)
+    lo, hi = t * FLEX_BLOCK // queries, ((t * FLEX_BLOCK + FLEX_BLOCK).clamp(max=m) - 1) // queries
+    start = torch.searchsorted(doc, doc[anchors[lo]])  # the first row of lo's document (ids never decrease)
+    first, last = torch.stack([start, n + lo * queries]), torch.stack([anchors[hi], n + (hi + 1) * queries])
+    k = torch.arange(-(-(n + m) // FLEX_BLOCK), device=doc.device) * FLEX_BLOCK
+    # key block [k, k + 128) meets the context span [start, anchor_hi) or the own span [n + lo*Q, n + (hi+1)*Q)
+    blocks = ((k[None, None, :] < last[:, :, None]) & (k[None, None, :] + FLEX_BLOCK > first[:, :, None])).any(0)
+
+    def block_rule(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        anchor = anchors[q_idx // queries]
+        ctx = (doc[kv_idx.clamp(max=n - 1)] == doc[anchor]) & (kv_idx < anchor)
+        return torch.where(kv_idx < n, ctx, (kv_idx - n) // queries == q_idx // queries)
+
+    return as_block_mask(blocks, block_rule, m, n + m)
 
 
 def _ce(model: DFlashDraft, rows: Tensor, prev: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:

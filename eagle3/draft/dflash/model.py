@@ -26,11 +26,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from eagle3.draft.layers import MLP, RMSNorm, apply_rope, rope_cos_sin, rope_inv_freq
+from eagle3.draft.layers import MLP, RMSNorm, apply_rope, compiled_flex, rope_cos_sin, rope_inv_freq
 from eagle3.draft.shape import DraftConfig, DraftConfigError
 
 KV = tuple[Tensor, Tensor]  # keys, values [L, nkv, hd]
+Mask = Tensor | BlockMask  # which keys a block's query sees: dense [M, L + M] bool, or FlexAttention's blocks
 
 
 class Attention(nn.Module):
@@ -50,17 +52,19 @@ class Attention(nn.Module):
         k = apply_rope(self.k_norm(self.k_proj(x).view(n, self.nkv, self.hd)), cos, sin)  # [L, nkv, hd]
         return k, self.v_proj(x).view(n, self.nkv, self.hd)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: KV, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: KV, mask: Mask) -> Tensor:
         """x [M, H] block positions; ctx: the context keys/values [L, nkv, hd]; mask [M, L + M] bool, True where a
-        query may see a key (context first, then the block positions)."""
+        query may see a key (context first, then the block positions), or the same rule as a BlockMask."""
         m = x.shape[0]
         q = apply_rope(self.q_norm(self.q_proj(x).view(m, self.nh, self.hd)), cos, sin)  # [M, nh, hd]
         k, v = self.kv(x, cos, sin)
         keys, values = torch.cat([ctx[0], k]), torch.cat([ctx[1], v])  # [L + M, nkv, hd]
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype),
-            attn_mask=mask, enable_gqa=True,
-        )  # fmt: skip  # [nh, M, hd]
+        qh, kh, vh = q.transpose(0, 1), keys.transpose(0, 1).to(q.dtype), values.transpose(0, 1).to(q.dtype)
+        if isinstance(mask, Tensor):
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)  # [nh, M, hd]
+        else:  # FlexAttention: only the blocks the mask names (loss.flex_block_mask)
+            flex = compiled_flex() if q.is_cuda else flex_attention  # eager on CPU: the reference, for tests
+            out = flex(qh[None], kh[None], vh[None], block_mask=mask, enable_gqa=True)[0]
         return self.o_proj(out.transpose(0, 1).reshape(m, self.nh * self.hd))  # [M, H]
 
 
@@ -72,7 +76,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: KV, mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, ctx: KV, mask: Mask) -> Tensor:
         h = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx, mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -155,7 +159,7 @@ class DFlashDraft(nn.Module):
         ids[:, 0] = anchors
         return ids
 
-    def blocks(self, ids: Tensor, positions: Tensor, ctx: list[KV], mask: Tensor) -> Tensor:
+    def blocks(self, ids: Tensor, positions: Tensor, ctx: list[KV], mask: Mask) -> Tensor:
         """Blocks' token ids [M] at RoPE positions [M], each layer's context keys/values, mask [M, L + M] ->
         the normed outputs [M, H] (logits: `logits`)."""
         cos, sin = rope_cos_sin(self.inv_freq, positions)
@@ -165,7 +169,7 @@ class DFlashDraft(nn.Module):
         return self.norm(x)
 
     def forward(
-        self, aux_hidden: Tensor, positions: Tensor, anchor_ids: Tensor, anchor_positions: Tensor, mask: Tensor
+        self, aux_hidden: Tensor, positions: Tensor, anchor_ids: Tensor, anchor_positions: Tensor, mask: Mask
     ) -> Tensor:
         """Training's forward over one packed row: aux_hidden [N, K, H_t] and positions [N] of the row (the
         context), blocks anchored on tokens anchor_ids [A] at anchor_positions [A], mask [A*B, N + A*B] (which

@@ -9,7 +9,7 @@ from eagle3.config import TrainConfig
 from eagle3.draft.data import PackedBatch
 from eagle3.draft.dflash import METHOD, default_layers
 from eagle3.draft.dflash.drafter import BlockDrafter
-from eagle3.draft.dflash.loss import block_mask, pick_anchors, position_weights
+from eagle3.draft.dflash.loss import block_mask, flex_block_mask, pick_anchors, position_weights
 from eagle3.draft.dflash.model import DFlashDraft
 from eagle3.draft.dflash.serving import build_target_layer_ids, target_layer_ids
 from eagle3.draft.dspark.model import DSparkDraft
@@ -101,6 +101,16 @@ def test_default_layers_are_sglangs_build_target_layer_ids_as_hf_indices() -> No
 def test_a_store_without_the_block_drafters_layers_is_refused_naming_them_and_the_extraction() -> None:
     with pytest.raises(MethodError, match=r"default layers \[2, 3, 4, 5, 6\].*not \[3, 5, 6\].*extract.aux_layers"):
         METHOD.layers([2, 4], 8, None)
+    with pytest.raises(MethodError, match=r"default layers \[2, 3, 4, 5, 6\].*not \[5, 6\]"):
+        METHOD.layers([1, 2, 3, 4, 7, 8], 8, None)  # six layers: which five is not the store's to say
+
+
+def test_a_five_layer_store_of_other_layers_is_read_as_it_is_and_served_with_those_ids() -> None:
+    # extract.aux_layers chose them (e.g. EAGLE-3's default three among them): the draft reads all five, and
+    # SGLang's config names exactly those layers
+    assert METHOD.layers([2, 8, 15, 22, 27], 30, None) == [2, 8, 15, 22, 27]
+    assert METHOD.layers([2, 8, 15, 22, 27], 30, [2, 15, 27]) == [2, 15, 27]
+    assert target_layer_ids([2, 8, 15, 22, 27], "llama") == [1, 7, 14, 21, 26]
 
 
 def test_a_mask_token_outside_the_vocabulary_and_a_family_without_dflash_capture_are_refused() -> None:
@@ -134,3 +144,26 @@ def test_dsparks_drafter_takes_each_tokens_markov_bias_from_the_token_drafted_be
         prev = torch.tensor([7, *tokens[:-1]])
         assert tokens == model.step_logits(rows, prev).argmax(-1).tolist()
         assert tokens != model.logits(rows).argmax(-1).tolist()  # the bias mattered
+
+
+@pytest.mark.parametrize("method", ["dflash", "dspark"])
+def test_the_flex_block_mask_names_every_pair_the_dense_mask_allows_and_gives_the_same_forward(method: str) -> None:
+    """FlexAttention (CUDA training) skips the key blocks its BlockMask leaves out: every pair the dense block_mask
+    allows must lie in a named block, and the per-token rule must be the dense mask's; then the forward through
+    flex_attention (eager here: its reference) equals the dense one. Rows long enough that most blocks are skipped."""
+    model = draft(method, block_size=16)
+    q = model.queries
+    batch = packed_row([300, 170, 250, 90], model.cfg.vocab_size, model.cfg.hidden_size)
+    anchors, _ = pick_anchors(batch, 16, seed=0)
+    dense = block_mask(batch.doc, anchors, q)
+    flex = flex_block_mask(batch.doc, anchors, q)
+    m, kv = dense.shape
+    named = flex.to_dense()[0, 0].bool()  # [query blocks, key blocks]
+    qi, ki = dense.nonzero().unbind(1)
+    assert bool(named[qi // 128, ki // 128].all()), "a pair the dense mask allows lies in a skipped block"
+    assert named.float().mean() < 0.5  # and it does skip: the point of it
+    rule = flex.mask_mod(torch.zeros(()), torch.zeros(()), torch.arange(m)[:, None], torch.arange(kv)[None, :])
+    assert torch.equal(rule, dense)
+    args = (batch.aux_hidden, batch.positions, batch.input_ids[anchors], batch.positions[anchors])
+    with torch.no_grad():
+        torch.testing.assert_close(model(*args, flex), model(*args, dense), rtol=1e-4, atol=1e-4)
