@@ -24,6 +24,7 @@ import httpx
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from eagle3.config import PipelineConfig
@@ -31,6 +32,8 @@ from eagle3.convert import convert
 from eagle3.data.prepare import prepare
 from eagle3.data.synthesize import synthesize
 from eagle3.draft.checkpoint import resolve_checkpoint
+from eagle3.draft.dflash.serving import dflash_rule_of
+from eagle3.draft.method import MethodError
 from eagle3.evaluate.offline import evaluate_offline
 from eagle3.extract.engines.base import Captured
 from eagle3.extract.engines.sglang_engine import SGLangEngine
@@ -45,7 +48,7 @@ from eagle3.store.verify import verify_run
 from eagle3.target.files import read_model_facts
 from eagle3.target.tiny import ARCHITECTURES
 from eagle3.train.job import TrainJob
-from eagle3.train.trainer import Trainer
+from eagle3.train.trainer import Trainer, TrainError
 from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env, start_server, token_errors
 from tests.integration.test_architectures import QUESTIONS, pipeline_config
 from tests.ports import free_port
@@ -241,6 +244,48 @@ def test_the_rest_of_the_stages_and_sglangs_eagle3_loader_take_the_sglang_store(
     offline = evaluate_offline(cfg.evaluate, Path(cfg.run_dir), model, ckpt)
     assert offline.identical_to_greedy == offline.num_prompts == 2
     print(f"\nFIGURES {served['arch']}: sglang store, offline acceptance {offline.acceptance_length:.3f}")
+
+
+def test_a_block_drafter_trains_on_the_sglang_store_and_sglangs_loader_takes_it_or_is_refused_up_front(
+    served: dict[str, Any],
+) -> None:
+    """DFlash (issue #46) from the same 5-layer SGLang store: a few steps, the export, and SGLang's own loader in draft
+    mode next to this target, which captures exactly the store's five layers; a family SGLang 0.5.23 has no DFlash
+    capture for is refused before the first step, naming the family."""
+    cfg, model, root = served["cfg"], served["model"], served["root"]
+    convert(cfg, served["store"])  # done already when the test above ran (a finished convert does no work)
+    facts = read_model_facts(model)
+    train = cfg.train.model_copy(update={"method": "dflash", "block_size": 4, "max_steps": 2})
+    job = TrainJob(train=train, run_dir=cfg.run_dir, model_dir=str(model), out_dir=str(root / "dflash"), device="cpu")
+    try:
+        dflash_rule_of(facts.model_type)
+    except MethodError:
+        with pytest.raises((MethodError, TrainError), match=rf"model_type '{facts.model_type}'.*no DFlash capture"):
+            Trainer.build(job).close()
+        return
+    with Trainer.build(job) as t:
+        assert t.aux_layers == five_layers(facts.num_layers)  # the store's five, as they are
+        t.run()
+    export = export_draft(resolve_checkpoint(root / "dflash"), Path(cfg.run_dir), model, root / "dflash-export")
+    assert export.speculative_algorithm == "DFLASH" and export.aux_layers == five_layers(facts.num_layers)
+    view = root / "sglang_block_view.safetensors"
+    env = {**{k: v for k, v in os.environ.items() if k != "EAGLE3_CPU_SPEC"},
+           "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # fmt: skip
+    proc = subprocess.run(
+        [str(SGLANG_PYTHON), str(HERE / "sglang_load_block_draft.py"), "--draft", export.out_dir, "--target",
+         str(model), "--out", str(view), "--port", str(free_port()), "--block-size", "4", "--algorithm", "DFLASH"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with safe_open(str(view), "pt") as f:
+        meta = json.loads(f.metadata()["result"])
+        loaded = {k.removeprefix("param.") for k in f.keys()}  # noqa: SIM118  (safe_open is not iterable)
+    assert meta["class"] == "DFlashDraftModel" and meta["num_context_features"] == 5
+    assert meta["target_layers_to_capture"] == five_layers(facts.num_layers)  # what serving feeds the draft
+    ours = {k for k in load_file(str(Path(export.out_dir) / "model.safetensors")) if k not in ("d2t", "t2d")}
+    fused = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    covered = {k.replace(f, part) for k in loaded for f, parts in fused.items() if f".{f}." in k for part in parts}
+    assert ours == covered | {k for k in loaded if not any(f".{f}." in k for f in fused)}  # nothing missing or extra
 
 
 @pytest.mark.parametrize("arch", sorted(SGLANG_FAILS))
