@@ -121,6 +121,13 @@ def _after_init(result: Any, worker: Any, *args: Any, **kwargs: Any) -> None:
             f"SGLang captures internal layers {layers} (= HF hidden_states indices), but the run expects "
             f"{st.expected_layers}: the layer-id mapping is wrong for this model family"
         )
+    elif getattr(getattr(worker, "server_args", None), "enable_two_batch_overlap", False):
+        # an attached server's flags are seen only here (a launched one's are refused before the run:
+        # eagle3/serving/launch_args.py says why)
+        problem = (
+            "SGLang runs with --enable-two-batch-overlap, which runs most layers of the MoE families outside the loop "
+            "that captures them; relaunch the server without it"
+        )
     elif ranks.get("attn_cp_size", 1) > 1 or ranks.get("pp_size", 1) > 1:
         problem = f"unsupported parallel layout {ranks} (attention context parallel / pipeline parallel)"
     st.writes = problem is None and ranks.get("attn_tp_rank", 0) == 0

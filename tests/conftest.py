@@ -51,11 +51,12 @@ def demo_tokenizer(demo_model: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="session")
 def tiny_models(demo_model: Path) -> dict[str, Path]:
-    """Every tiny random-weight target (eagle3/target/tiny.py; its recipes are rows of eagle3/target/families.py),
-    built once under data/models/ and reused."""
-    from eagle3.target.tiny import ARCHITECTURES, ensure_tiny_model
+    """Every tiny random-weight target (eagle3/target/tiny.py; its recipes are rows of eagle3/target/families.py,
+    including those SGLang serves block drafters only or refuses), built once under data/models/ and reused."""
+    from eagle3.target.families import TINY_ARCHITECTURES
+    from eagle3.target.tiny import ensure_tiny_model
 
-    return {arch: ensure_tiny_model(DATA_DIR, arch) for arch in ARCHITECTURES}
+    return {arch: ensure_tiny_model(DATA_DIR, arch) for arch in TINY_ARCHITECTURES}
 
 
 # In CI the SGLang and browser tiers must run: a skip there (environment missing) is a failure.

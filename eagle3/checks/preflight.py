@@ -25,6 +25,7 @@ from eagle3.draft.method import MethodError
 from eagle3.draft.methods import method_named
 from eagle3.extract.shard import store_dtype_of
 from eagle3.serving.aux_layers import resolve_aux_layers
+from eagle3.serving.launch_args import capture_args_problem
 from eagle3.serving.layers import eagle3_serving_problem
 from eagle3.store.run_store import RunStore
 from eagle3.target.files import model_fingerprint, read_model_facts, read_target_config, tokenizer_fingerprint
@@ -104,8 +105,20 @@ def check_stages(
     check_methods(cfg, model_dir)
     here = cfg.train.nodes == 1 if train_here is None else train_here
     problems = device_problems(cfg, train_here=here, cuda=cuda, gpu_node=gpu_node) + vocab_problems(cfg)
+    problems += launch_args_problems(cfg)
     if problems:
         raise PreflightError("Refused before the first stage, on this worker:\n  " + "\n  ".join(problems))
+
+
+def launch_args_problems(cfg: PipelineConfig) -> list[str]:
+    """A flag of server.extra_args that would make an SGLang server this run launches skip the capture
+    (eagle3.serving.launch_args), naming the stages that launch one: extraction, and live evaluation."""
+    launched = cfg.server.url is None and (not cfg.server.servers or any(s.url is None for s in cfg.server.servers))
+    users = [s for s in sglang_capture_stages(cfg) if s.startswith("evaluate")]
+    if "extract" in cfg.stages and cfg.server.engine == "sglang" and launched:
+        users.insert(0, "extract (server.engine sglang launches the capturing server)")
+    problem = capture_args_problem(cfg.server) if users else None
+    return [f"{problem}; {', '.join(users)} would launch SGLang with it"] if problem else []
 
 
 def device_problems(

@@ -609,5 +609,5 @@ def open_servers(cfg: PipelineConfig, model_dir: Path, base_env: dict[str, str],
             base_env=base_env,
             log_dir=spec.log_dir or log_dir,
         )
-        for spec in server_specs(cfg, host=socket.gethostname())
+        for spec in server_specs(cfg, host=socket.gethostname(), capture=False)  # generation only
     ]

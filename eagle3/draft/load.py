@@ -29,7 +29,7 @@ from eagle3.draft.methods import method_named
 from eagle3.draft.shape import DraftConfig
 from eagle3.store.fsio import read_json
 from eagle3.target.files import weight_map
-from eagle3.target.layout import HEAD_KEYS, LM_PREFIXES, text_config
+from eagle3.target.layout import EMBEDDING_NAMES, HEAD_KEYS, LM_PREFIXES, text_config
 
 
 class TargetWeightsError(ValueError):
@@ -57,7 +57,7 @@ def load_target_tensors(model_dir: Path, names: dict[str, tuple[str, ...]]) -> d
 def target_head_keys(target_cfg: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """Candidate keys of the target's embedding and lm_head (tied: the embedding is the head), for
     load_target_tensors: a causal LM's, or a multimodal wrapper's around its language model."""
-    embedding = tuple(p + "embed_tokens.weight" for p in LM_PREFIXES)
+    embedding = tuple(p + name for p in LM_PREFIXES for name in EMBEDDING_NAMES)
     text = text_config(target_cfg)
     tied = bool(text.get("tie_word_embeddings", target_cfg.get("tie_word_embeddings", False)))
     return {"embedding": embedding, "lm_head": embedding if tied else HEAD_KEYS}

@@ -12,7 +12,7 @@ from eagle3.target.layout import text_config
 
 
 class DraftConfigError(ValueError):
-    """The target config.json lacks something the draft needs (or has an activation the draft cannot mirror)."""
+    """The target config.json lacks something the draft needs."""
 
 
 MLA_DRAFT_HEAD_DIM = 128  # the published DeepSeek-V3 / Kimi EAGLE-3 drafts' (and every attention kernel's) size
@@ -49,12 +49,12 @@ class DraftConfig:
         published drafts do: the draft learns its own attention, it does not reuse the target's."""
         text = text_config(target)
         act = text.get("hidden_act", "silu")
-        if act != "silu":
-            raise DraftConfigError(f"target hidden_act {act!r}: the draft's Llama MLP supports only 'silu'")
         try:
             h, nh = int(text["hidden_size"]), int(text["num_attention_heads"])
             nkv, hd = int(text.get("num_key_value_heads", nh)), int(text.get("head_dim") or h // nh)
             notes = []
+            if act != "silu":  # the draft's own MLP: SGLang's Llama draft layer is SiLU whatever the target's
+                notes.append(f"target hidden_act {act!r}: the draft's MLP uses silu")
             if _attention(target) == "mla":
                 hd = MLA_DRAFT_HEAD_DIM if h % MLA_DRAFT_HEAD_DIM == 0 else h // nh
                 nh = nkv = h // hd

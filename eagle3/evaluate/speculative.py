@@ -9,6 +9,7 @@ is the bonus token, the target's cache is cropped to the emitted tokens and the 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,22 @@ class Target:
         states = torch.stack([out.hidden_states[i][0] for i in self.aux_layers], dim=1) if aux else None  # [m, K, H]
         return greedy, states
 
+    def new_cache(self) -> Any:
+        """An empty cache for one decode. A model with recurrent layers (linear attention, short convolutions,
+        Mamba: Qwen3-Next, Qwen3.5, LFM2, Nemotron-H) needs the cache its config builds, with a state per such layer;
+        an attention-only model keeps the plain one (a full layer per decoder layer, which crops anywhere)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        return cache if is_recurrent(cache) else DynamicCache()
+
+
+def is_recurrent(cache: Any) -> bool:
+    """The cache holds a recurrent state, which `crop` cannot take back to an earlier token."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    return any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers)
+
 
 def sync(device: torch.device) -> None:
     """Wait for the device, so a wall-clock interval covers the work queued in it."""
@@ -72,9 +89,7 @@ def greedy_decode(
 ) -> list[int]:
     """Plain greedy decoding with the KV cache: the reference output and the baseline speed. `steps` adds the time
     of every one-token decode forward (the prefill is not one)."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache()
+    cache = target.new_cache()
     token, _ = target.forward(prompt, cache, aux=False, last_only=True)
     out = [int(token)]
     while len(out) < max_new_tokens and out[-1] not in target.stop_ids:
@@ -120,10 +135,14 @@ def verify(target: Target, last: int, drafted: list[int], cache: Any) -> tuple[l
 def speculative_decode(
     target: Target, drafter: Drafter, prompt: Sequence[int], *, steps: int, max_new_tokens: int
 ) -> Decoded:
-    """Greedy decoding by draft-and-verify rounds: the same tokens as greedy_decode, fewer target forwards."""
-    from transformers import DynamicCache
+    """Greedy decoding by draft-and-verify rounds: the same tokens as greedy_decode, fewer target forwards.
 
-    cache = DynamicCache()
+    A target with recurrent layers (Target.new_cache) cannot crop the rejected drafts out of its state: each round
+    verifies on a copy of the cache, and a round with rejections goes back to the copy and runs the accepted prefix
+    again. The copy and that forward are timed in neither the draft's nor the verify's step (a server keeps the
+    states of each drafted position instead)."""
+    cache = target.new_cache()
+    recurrent = is_recurrent(cache)
     first, aux = target.forward(prompt, cache, aux=True, last_only=True)  # prefill
     assert aux is not None
     out = Decoded([int(first)])
@@ -134,13 +153,19 @@ def speculative_decode(
         t0 = time.perf_counter()
         drafted = drafter.propose(n) if n else []  # token ids: already on the host
         t1 = time.perf_counter()
-        greedy, aux = verify(target, out.tokens[-1], drafted, cache)  # .tolist() waits for the device
+        before = copy.deepcopy(cache) if recurrent else None  # timed in neither step (above)
+        last = out.tokens[-1]
+        tv = time.perf_counter()
+        greedy, aux = verify(target, last, drafted, cache)  # .tolist() waits for the device
         out.draft.add(caught_up + t1 - t0)
-        out.verify.add(time.perf_counter() - t1)
+        out.verify.add(time.perf_counter() - tv)
         caught_up = 0.0
         a = accepted_prefix(drafted, greedy)
-        if n > a:
+        if n > a and before is None:
             cache.crop(-(n - a))  # rollback: keep [last, d1..da]
+        elif n > a:
+            cache = before  # the state before [last, d1..dn], then [last, d1..da] again
+            target.forward([last, *drafted[:a]], cache, aux=False, last_only=True)
         new = [*drafted[:a], greedy[a]]
         stop = next((i for i, t in enumerate(new) if t in target.stop_ids), None)
         counted = n

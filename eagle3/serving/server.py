@@ -40,6 +40,7 @@ from eagle3.config import ServerConfig
 from eagle3.device import nvidia_smi_present, resolve_device
 from eagle3.serving import procs
 from eagle3.serving.keeper import OwnedProcess
+from eagle3.serving.launch_args import CAPTURE_SKIPPING_FLAGS
 from eagle3.serving.layers import SGLangLayers
 from eagle3.serving.record import (
     Reaped,
@@ -451,6 +452,8 @@ class SGLangServer:
             bad.append("--disable-radix-cache is off")
         if not info.get("enable_return_aux_hidden_states"):
             bad.append("--enable-return-aux-hidden-states is off")
+        if info.get("enable_two_batch_overlap"):
+            bad.append(f"--enable-two-batch-overlap is on ({CAPTURE_SKIPPING_FLAGS['--enable-two-batch-overlap']})")
         if want_ids is not None and info.get("return_aux_hidden_state_layer_ids") != want_ids:
             bad.append(f"layer ids {info.get('return_aux_hidden_state_layer_ids')}, this run needs {want_ids}")
         if bad:

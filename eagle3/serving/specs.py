@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3.config import PipelineConfig, ServerConfig, ServerSlot
+from eagle3.serving.launch_args import capture_args_problem
 from eagle3.store.fsio import safe_name
 from eagle3.store.paths import RunPaths, dump_root
 
@@ -29,10 +30,20 @@ class ServerSpec:
     device: str  # transformers: the torch device
 
 
-def server_specs(cfg: PipelineConfig, *, host: str, separate_dumps: bool = False) -> list[ServerSpec]:
+class ServerArgsError(ValueError):
+    """`server.extra_args` has a flag that would make a capturing SGLang server skip layers (launch_args.py)."""
+
+
+def server_specs(
+    cfg: PipelineConfig, *, host: str, separate_dumps: bool = False, capture: bool = True
+) -> list[ServerSpec]:
     """One spec per server. `separate_dumps`: give even a single launched server its own dump directory (another
-    flow run, maybe on another node, shares the run directory and its default dump directory)."""
+    flow run, maybe on another node, shares the run directory and its default dump directory). `capture`: the
+    servers capture hidden states (extraction), so a launch flag that skips the capture is refused (ServerArgsError)."""
     slots = cfg.server.servers or [ServerSlot(url=cfg.server.url)]  # type: ignore[call-arg]
+    launches = cfg.server.engine == "sglang" and any(s.url is None for s in slots)
+    if capture and launches and (problem := capture_args_problem(cfg.server)):
+        raise ServerArgsError(problem)
     separate = separate_dumps or len(slots) > 1
     base_dump = dump_root(cfg.run_dir, cfg.extract.dump_dir)
     specs = []

@@ -72,6 +72,9 @@ class TinyRecipe:
 
     config_class: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: Keys the real checkpoints' config.json carries that the transformers class does not write back (it derives
+    #: them, or never reads them) and SGLang reads: merged into the saved config.json.
+    config_json: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -94,12 +97,23 @@ class Family:
 #: The real models' RoPE (their config.json files): yarn over a 4,096-token original context.
 DEEPSEEK_V3_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
                     "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}  # fmt: skip
+DEEPSEEK_V2_ROPE = {**DEEPSEEK_V3_ROPE, "mscale": 0.707, "mscale_all_dim": 0.707}  # DeepSeek-V2's config.json
 GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
 
-# The tiny recipes keep what makes the family different (MLA with first-k-dense layers and shared experts, MoE,
-# QK-norm, sliding-window layers and attention sinks) and the family's real RoPE. 8 layers: the EAGLE-3 default aux
-# layers (2, L//2, L-3) are then (2, 4, 5), three distinct layers with a neighbour on each side.
+#: MLA at the tiny size, as DeepSeek-V3's recipe has it (DeepSeek-V2 and GLM-4.7-Flash share the attention).
+TINY_MLA = {"num_hidden_layers": 8, "num_key_value_heads": 4, "head_dim": 16, "q_lora_rank": 32, "kv_lora_rank": 16,
+            "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}  # fmt: skip
+#: Qwen3-Next / Qwen3.5's gated DeltaNet linear attention on 3 layers of 4.
+GATED_DELTA_NET = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                   "linear_value_head_dim": 16}  # fmt: skip
+#: What Qwen3-Next's config.json says of the same layout (transformers turns it into layer_types; SGLang reads it).
+FULL_ATTENTION_EVERY_4 = {"full_attention_interval": 4}
+QWEN3_NEXT_TINY = {"num_hidden_layers": 8, **GATED_DELTA_NET, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}  # fmt: skip
+#: LFM2's short convolutions and attention layers.
+LFM2_LAYERS = ["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"]
+
 # The tiny recipes keep what makes the family different (MLA with first-k-dense layers and shared experts, MoE,
 # QK-norm, sliding-window layers and attention sinks) and the family's real RoPE. 8 layers: the EAGLE-3 default aux
 # layers (2, L//2, L-3) are then (2, 4, 5), three distinct layers with a neighbour on each side.
@@ -202,12 +216,51 @@ FAMILIES: tuple[Family, ...] = (
     ),
     # No tiny target proves these here; their rows are read from SGLang 0.5.23's source (docs/models.md).
     # Llama's capture, inherited (mistral.py, llama4.py) or its own copy of it:
-    Family("MistralForCausalLM", ("mistral",), ("llama.py",), PLUS_ONE, "plus_one"),
-    Family("Phi3ForCausalLM", ("phi3",), ("llama.py",), PLUS_ONE, "plus_one"),
+    Family(
+        "MistralForCausalLM",
+        ("mistral",),
+        ("llama.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("MistralConfig", {"num_hidden_layers": 8, "sliding_window": None}),  # as Mistral v0.2 on
+    ),
+    Family(
+        "Phi3ForCausalLM",
+        ("phi3",),
+        ("llama.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("Phi3Config", {"num_hidden_layers": 8}),  # fused qkv and gate_up
+    ),
     Family("InternLM3ForCausalLM", ("internlm3",), ("llama.py",), PLUS_ONE, "plus_one"),
-    Family("Llama4ForCausalLM", ("llama4_text",), ("llama.py",), PLUS_ONE),
+    Family(
+        "Llama4ForCausalLM",
+        ("llama4_text",),
+        ("llama.py",),
+        PLUS_ONE,
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Llama4TextConfig",
+            {
+                "num_hidden_layers": 8,
+                "num_local_experts": 4,  # MoE on every layer, top-1 plus a shared expert
+                "intermediate_size": 32,
+                "intermediate_size_mlp": 128,
+                "attention_chunk_size": 8,  # chunked attention on 3 layers of 4; NoPE on the 4th
+            },
+        ),
+    ),
     Family("Llama4ForConditionalGeneration", ("llama4",), ("mllama4.py", "llama.py"), PLUS_ONE),
-    Family("ApertusForCausalLM", ("apertus",), ("apertus.py",), PLUS_ONE),
+    Family(
+        "ApertusForCausalLM",
+        ("apertus",),
+        ("apertus.py",),
+        PLUS_ONE,
+        attention="gqa",
+        tiny=TinyRecipe("ApertusConfig", {"num_hidden_layers": 8, "hidden_act": "xielu"}),  # and QK-norm
+    ),
     Family(
         "Qwen2ForCausalLM",
         ("qwen2",),
@@ -236,15 +289,63 @@ FAMILIES: tuple[Family, ...] = (
             },
         ),
     ),
-    Family("Qwen3NextForCausalLM", ("qwen3_next",), ("qwen3_next.py",), PLUS_ONE, "plus_one"),
-    Family("Qwen3_5ForCausalLM", ("qwen3_5_text",), ("qwen3_5_text.py", "qwen3_5.py"), PLUS_ONE, "plus_one"),
-    Family("Qwen3_5MoeForCausalLM", ("qwen3_5_moe_text",), ("qwen3_5_text.py", "qwen3_5.py"), PLUS_ONE, "plus_one"),
+    Family(
+        "Qwen3NextForCausalLM",
+        ("qwen3_next",),
+        ("qwen3_next.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("Qwen3NextConfig", QWEN3_NEXT_TINY, FULL_ATTENTION_EVERY_4),
+    ),
+    Family(
+        "Qwen3_5ForCausalLM",
+        ("qwen3_5_text",),
+        (
+            "qwen3_5_text.py",
+            "qwen3_5.py",
+        ),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("Qwen3_5TextConfig", {"num_hidden_layers": 8, **GATED_DELTA_NET}, FULL_ATTENTION_EVERY_4),
+    ),
+    Family(
+        "Qwen3_5MoeForCausalLM",
+        ("qwen3_5_moe_text",),
+        (
+            "qwen3_5_text.py",
+            "qwen3_5.py",
+        ),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("Qwen3_5MoeTextConfig", QWEN3_NEXT_TINY, FULL_ATTENTION_EVERY_4),
+    ),
     Family("Qwen3_5ForConditionalGeneration", ("qwen3_5",), ("qwen3_5.py", "qwen3_vl.py"), PLUS_ONE, "plus_one"),
     Family("Qwen3_5MoeForConditionalGeneration", ("qwen3_5_moe",), ("qwen3_5.py", "qwen3_vl.py"), PLUS_ONE, "plus_one"),
     # Qwen3-VL's dense language model has no DFlash setter (SGLang raises AttributeError); its MoE one has.
     Family("Qwen3VLForConditionalGeneration", ("qwen3_vl",), ("qwen3_vl.py",), PLUS_ONE),
     Family("Qwen3VLMoeForConditionalGeneration", ("qwen3_vl_moe",), ("qwen3_vl.py",), PLUS_ONE, "plus_one"),
-    Family("ExaoneMoeForCausalLM", ("exaone_moe",), ("exaone_moe.py",), PLUS_ONE),
+    Family(
+        "ExaoneMoeForCausalLM",
+        ("exaone_moe",),
+        ("exaone_moe.py",),
+        PLUS_ONE,
+        attention="gqa",
+        tiny=TinyRecipe(
+            "ExaoneMoeConfig",
+            {
+                "num_hidden_layers": 8,
+                "sliding_window": 8,  # 3 sliding layers of 4
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "num_shared_experts": 1,
+                "mlp_layer_types": ["dense"] + ["sparse"] * 7,
+            },
+        ),
+    ),
     Family("BailingMoeForCausalLM", ("bailing_moe",), ("bailing_moe.py",), PLUS_ONE),
     Family("BailingMoeV2ForCausalLM", ("bailing_moe_v2",), ("bailing_moe.py",), PLUS_ONE),
     Family(
@@ -278,7 +379,32 @@ FAMILIES: tuple[Family, ...] = (
         "plus_one",
         tap_when=(("mhc", "hyper_connections"),),
     ),
-    Family("Gemma4ForCausalLM", ("gemma4_text",), ("gemma4_causal.py",), PLUS_ONE, "plus_one"),
+    Family(
+        "Gemma4ForCausalLM",
+        ("gemma4_text",),
+        ("gemma4_causal.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Gemma4TextConfig",
+            {
+                "num_hidden_layers": 8,
+                "sliding_window": 8,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "hidden_size_per_layer_input": 16,  # the per-layer input embeddings
+                "vocab_size_per_layer_input": 49152,
+                "layer_types": ["sliding_attention"] * 3
+                + ["full_attention"]
+                + ["sliding_attention"] * 3
+                + ["full_attention"],
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+                },
+            },
+        ),
+    ),
     Family("Gemma4ForConditionalGeneration", ("gemma4",), ("gemma4_mm.py",), PLUS_ONE, "plus_one"),
     Family(
         "Gemma3ForCausalLM",
@@ -301,10 +427,58 @@ FAMILIES: tuple[Family, ...] = (
     Family("Gemma3ForConditionalGeneration", ("gemma3",), ("gemma3_mm.py", "gemma3_causal.py"), PLUS_ONE, tap="gemma3"),
     Family("LongcatFlashForCausalLM", ("longcat_flash",), ("longcat_flash.py",), PLUS_ONE),
     # MiniMax-M3's language model config says model_type minimax_m2 (sglang/srt/configs/minimax_vl.py): one rule.
-    Family("MiniMaxM2ForCausalLM", ("minimax_m2",), ("minimax_m2.py", "minimax_m3.py"), PLUS_ONE),
+    Family(
+        "MiniMaxM2ForCausalLM",
+        ("minimax_m2",),
+        (
+            "minimax_m2.py",
+            "minimax_m3.py",
+        ),
+        PLUS_ONE,
+        attention="gqa",
+        tiny=TinyRecipe(
+            "MiniMaxM2Config",
+            {
+                "num_hidden_layers": 8,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "intermediate_size": 32,
+                # MiniMax-M2's config.json says what transformers' class always does and SGLang reads
+                "scoring_func": "sigmoid",
+                "use_routing_bias": True,
+                "use_qk_norm": True,
+                "qk_norm_type": "per_layer",
+            },
+        ),
+    ),
     Family("MiniMaxM3SparseForConditionalGeneration", ("minimax_m3_vl",), ("minimax_m3_vl.py",), PLUS_ONE),
     # DeepSeek's capture: the first id decides whether ids are shifted.
-    Family("DeepseekV2ForCausalLM", ("deepseek_v2",), ("deepseek_v2.py",), FIRST_ID_IS_1, "plus_one", attention="mla"),
+    Family(
+        "DeepseekV2ForCausalLM",
+        ("deepseek_v2",),
+        ("deepseek_v2.py",),
+        FIRST_ID_IS_1,
+        "plus_one",
+        attention="mla",
+        tiny=TinyRecipe(
+            "DeepseekV2Config",
+            {
+                **TINY_MLA,
+                "first_k_dense_replace": 1,
+                "n_routed_experts": 8,
+                "n_shared_experts": 1,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "n_group": 2,
+                "topk_group": 1,
+                "topk_method": "group_limited_greedy",  # V2's softmax routing, as its config.json says
+                "scoring_func": "softmax",
+                "moe_layer_freq": 1,
+                "rope_parameters": DEEPSEEK_V2_ROPE,
+                "max_position_embeddings": 163840,
+            },
+        ),
+    ),
     Family(
         "DeepseekV32ForCausalLM", ("deepseek_v32",), ("deepseek_v2.py",), FIRST_ID_IS_1, "plus_one", attention="mla"
     ),
@@ -317,17 +491,151 @@ FAMILIES: tuple[Family, ...] = (
         attention="mla",
     ),  # wraps DeepSeek-V3
     Family("GlmMoeDsaForCausalLM", ("glm_moe_dsa",), ("glm4_moe.py", "deepseek_v2.py"), FIRST_ID_IS_1, "plus_one"),
-    Family("Glm4MoeLiteForCausalLM", ("glm4_moe_lite",), ("glm4_moe_lite.py",), FIRST_ID_IS_1, "plus_one"),
+    Family(
+        "Glm4MoeLiteForCausalLM",
+        ("glm4_moe_lite",),
+        ("glm4_moe_lite.py",),
+        FIRST_ID_IS_1,
+        "plus_one",
+        attention="mla",
+        tiny=TinyRecipe(
+            "Glm4MoeLiteConfig",
+            {
+                **TINY_MLA,
+                "n_routed_experts": 8,
+                "n_shared_experts": 1,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "n_group": 1,
+                "topk_group": 1,
+                "mlp_layer_types": ["dense"] + ["sparse"] * 7,
+                "first_k_dense_replace": 1,  # GLM-4.7-Flash's config.json has both; SGLang reads this one
+                "moe_layer_freq": 1,
+            },
+        ),
+    ),
     # Block drafters only: SGLang 0.5.23 captures these for DFlash/DSpark, not for EAGLE-3.
     Family("BeamForCausalLM", ("beam",), ("beam.py",), None, "after"),
-    Family("LagunaForCausalLM", ("laguna",), ("laguna.py",), None, "plus_one"),
-    Family("Lfm2ForCausalLM", ("lfm2",), ("lfm2.py",), None, "plus_one"),
-    Family("Lfm2MoeForCausalLM", ("lfm2_moe",), ("lfm2_moe.py",), None, "plus_one"),
+    Family(
+        "LagunaForCausalLM",
+        ("laguna",),
+        ("laguna.py",),
+        None,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "LagunaConfig",
+            {
+                "num_hidden_layers": 8,
+                "sliding_window": 8,
+                "layer_types": ["full_attention", "sliding_attention"] * 4,
+                "num_attention_heads_per_layer": [4] * 8,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "shared_expert_intermediate_size": 32,
+                "mlp_layer_types": ["dense"] + ["sparse"] * 7,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                },
+            },
+        ),
+    ),
+    Family(
+        "Lfm2ForCausalLM",
+        ("lfm2",),
+        ("lfm2.py",),
+        None,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe("Lfm2Config", {"num_hidden_layers": 8, "layer_types": LFM2_LAYERS, "full_attn_idxs": None}),
+    ),
+    Family(
+        "Lfm2MoeForCausalLM",
+        ("lfm2_moe",),
+        ("lfm2_moe.py",),
+        None,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Lfm2MoeConfig",
+            {
+                "num_hidden_layers": 8,
+                "layer_types": LFM2_LAYERS,
+                "num_dense_layers": 1,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                # at 0.02 a short-convolution layer moves the residual stream by ~2% only, too close to its
+                # neighbour for the capture test to tell an off-by-one layer apart
+                "initializer_range": 0.05,
+            },
+        ),
+    ),
     Family("Lfm2VlForConditionalGeneration", ("lfm2_vl",), ("lfm2_vl.py",), None, "plus_one"),
-    Family("MiMoV2FlashForCausalLM", ("mimo_v2_flash",), ("mimo_v2.py",), None, "plus_one"),
+    Family(
+        "MiMoV2FlashForCausalLM",
+        ("mimo_v2_flash",),
+        ("mimo_v2.py",),
+        None,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "MiMoV2FlashConfig",
+            {
+                "num_hidden_layers": 8,
+                "sliding_window": 8,
+                "layer_types": ["full_attention"]
+                + ["sliding_attention"] * 3
+                + ["full_attention"]
+                + ["sliding_attention"] * 3,
+                "n_routed_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "mlp_layer_types": ["dense"] + ["sparse"] * 7,
+                "v_head_dim": 16,
+                "rope_parameters": {
+                    "full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+                },
+            },
+        ),
+    ),
     Family("MiniCPMV4_6ForConditionalGeneration", ("minicpmv4_6",), ("minicpmv.py",), None, "plus_one"),
     Family("MiniCPMV4_7ForConditionalGeneration", ("minicpmv4_7",), ("minicpmv.py",), None, "plus_one"),
-    Family("NemotronHForCausalLM", ("nemotron_h",), ("nemotron_h.py",), None, "plus_one"),
+    Family(
+        "NemotronHForCausalLM",
+        ("nemotron_h",),
+        ("nemotron_h.py",),
+        None,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "NemotronHConfig",
+            {
+                "layers_block_type": [
+                    "linear_attention",
+                    "moe",
+                    "linear_attention",
+                    "full_attention",
+                    "mlp",
+                    "linear_attention",
+                    "moe",
+                    "full_attention",
+                ],  # Mamba-2, MoE, attention
+                "mamba_num_heads": 4,
+                "mamba_head_dim": 16,
+                "ssm_state_size": 16,
+                "n_groups": 1,
+                "chunk_size": 16,
+                "n_routed_experts": 4,
+                "moe_intermediate_size": 32,
+                "moe_shared_expert_intermediate_size": 32,
+            },
+            {"num_hidden_layers": 8},  # the real config.json has it; transformers' class derives it
+        ),
+    ),
     Family("NemotronH_Nano_VL_V2", ("NemotronH_Nano_VL_V2",), ("nano_nemotron_vl.py",), None, "plus_one"),
     Family(
         "InklingForConditionalGeneration",
@@ -365,10 +673,17 @@ def servable(family: Family) -> bool:
 #: The architectures every stage is tested on: the rows with a tiny recipe that SGLang serves as stored (the table in
 #: docs/models.md).
 TESTED_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES if f.tiny is not None and servable(f))
-#: The rows with a tiny recipe that the pipeline refuses to export: their refusals are tested on it.
+#: The rows with a tiny recipe whose tap the pipeline refuses to export: their refusals are tested on it.
 REFUSED_ARCHITECTURES: tuple[str, ...] = tuple(
-    f.architecture for f in FAMILIES if f.tiny is not None and not servable(f)
+    f.architecture for f in FAMILIES if f.tiny is not None and f.sglang_rule is not None and not servable(f)
 )
+#: The rows with a tiny recipe that SGLang captures for block drafters only (DFlash, DSpark): every stage is tested
+#: on them with a block drafter, and an EAGLE-3 export is refused.
+BLOCK_DRAFTER_ARCHITECTURES: tuple[str, ...] = tuple(
+    f.architecture for f in FAMILIES if f.tiny is not None and f.sglang_rule is None and f.dflash_rule is not None
+)
+#: Every row with a tiny recipe: the transformers engine's capture is checked on each.
+TINY_ARCHITECTURES: tuple[str, ...] = tuple(f.architecture for f in FAMILIES if f.tiny is not None)
 #: Every model_type with a row, for messages.
 MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.model_types)
 _BY_MODEL_TYPE = {t: f for f in FAMILIES for t in f.model_types}

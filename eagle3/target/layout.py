@@ -15,8 +15,11 @@ LM_LAYOUTS: tuple[tuple[str, str], ...] = (
     ("model.", "lm_head.weight"),
     ("language_model.model.", "language_model.lm_head.weight"),
     ("model.language_model.", "lm_head.weight"),
+    ("backbone.", "lm_head.weight"),  # Nemotron-H's checkpoints (transformers 5 saves them under `model.`)
 )
 LM_PREFIXES: tuple[str, ...] = tuple(prefix for prefix, _ in LM_LAYOUTS)
+#: The embedding's name after the prefix: Nemotron-H (a Mamba-2 hybrid) calls it `embeddings`.
+EMBEDDING_NAMES: tuple[str, ...] = ("embed_tokens.weight", "embeddings.weight")
 HEAD_KEYS: tuple[str, ...] = tuple(dict.fromkeys(head for _, head in LM_LAYOUTS))  # unique, in order
 
 

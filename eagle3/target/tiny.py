@@ -73,7 +73,9 @@ def tiny_config(arch: str) -> Any:
 
 
 def _recipe_stamp(arch: str) -> dict[str, Any]:
-    return {"arch": arch, "tiny_version": TINY_VERSION, "seed": SEED, "recipe": recipe(arch).overrides}
+    tiny = recipe(arch)
+    return {"arch": arch, "tiny_version": TINY_VERSION, "seed": SEED, "recipe": tiny.overrides,
+            **({"config_json": tiny.config_json} if tiny.config_json else {})}  # fmt: skip
 
 
 def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
@@ -97,6 +99,9 @@ def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
     model.config.dtype = torch.bfloat16
     with installing(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
+        if extra := recipe(arch).config_json:
+            saved = json.loads((tmp / "config.json").read_text())
+            (tmp / "config.json").write_text(json.dumps({**saved, **extra}, indent=2))
         for name in TOKENIZER_FILES:
             if (demo / name).is_file():
                 shutil.copyfile(demo / name, tmp / name)

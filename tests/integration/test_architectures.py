@@ -1,6 +1,9 @@
 """Every stage on every architecture users serve, with the transformers engine, on tiny random-weight targets
-(eagle3/target/tiny.py: Llama, Qwen2, Qwen3, Qwen2-MoE and Qwen3-MoE, GLM-4-MoE, DeepSeek-V3 (MLA + MoE), GPT-OSS
-(sliding window, sinks, MoE)).
+(eagle3/target/tiny.py; the recipes are the rows of eagle3/target/families.py: Llama, Mistral, Phi-3, Llama-4,
+Apertus, Qwen2, Qwen3, Qwen3-Next and Qwen3.5 (gated DeltaNet), Qwen2-MoE, Qwen3-MoE, EXAONE-MoE, GLM-4-MoE,
+Gemma-4, MiniMax-M2, DeepSeek-V2/V3 and GLM-4.7-Flash (MLA + MoE), GPT-OSS (sliding window, sinks, MoE)); and the
+families SGLang captures for block drafters only (Laguna, LFM2, LFM2-MoE, MiMo-V2-Flash, Nemotron-H) through every
+stage but export with a DFlash draft.
 
 One test per architecture runs the library calls each Prefect task makes, in stage order: prepare -> synthesize
 -> extract -> verify -> convert -> train (3 steps, in process) -> export -> offline evaluation. A second one
@@ -36,6 +39,7 @@ from eagle3.release.export import export_draft
 from eagle3.serving.layers import sglang_layer_ids
 from eagle3.store.run_store import PreparedSample, RunStore
 from eagle3.store.verify import verify_run
+from eagle3.target.families import BLOCK_DRAFTER_ARCHITECTURES, TINY_ARCHITECTURES
 from eagle3.target.files import read_model_facts
 from eagle3.target.tiny import ARCHITECTURES, tiny_config
 from eagle3.train.job import TrainJob
@@ -146,10 +150,52 @@ def test_every_stage_runs_on_the_transformers_engine(
     )
 
 
+BLOCK_LAYERS = [2, 3, 4, 5, 6]  # a DFlash draft's default five at 8 layers (SGLang's build_target_layer_ids(8, 5))
+
+
+@pytest.mark.parametrize("arch", BLOCK_DRAFTER_ARCHITECTURES)
+def test_a_family_sglang_captures_for_block_drafters_only_trains_and_evaluates_a_dflash_draft_and_refuses_eagle3(
+    arch: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """prepare, extract (5 layers), verify, convert, a DFlash draft's 3 training steps, the exact offline evaluation
+    (recurrent layers too: LFM2's convolutions, Nemotron-H's Mamba-2 are rolled back by replay); an EAGLE-3 draft
+    of the family is refused before the first stage, as SGLang 0.5.23 cannot serve one."""
+    from eagle3.checks.preflight import ServingRefusedError, check_serving
+
+    model = tiny_models[arch]
+    base = pipeline_config(tmp_path, model, arch)
+    eagle3 = base.model_copy(update={"stages": ["prepare", "extract", "convert", "train", "export"]})
+    with pytest.raises(ServingRefusedError, match=r"captures it for block drafters only.*export \("):
+        check_serving(eagle3, model)
+    train = {**base.train.model_dump(), "method": "dflash", "block_size": 4}
+    evaluate = {**base.evaluate.model_dump(), "compare_steps": [2]}  # within the block: 3 drafted tokens at most
+    stages = ["prepare", "extract", "convert", "train", "evaluate"]
+    cfg = PipelineConfig.model_validate({**base.model_dump(), "stages": stages, "train": train, "evaluate": evaluate,
+                                         "extract": {"aux_layers": BLOCK_LAYERS}})  # fmt: skip
+    store = RunStore(cfg.run_dir)
+    prepare(cfg, store, model)
+    engine = build_engine(cfg, model)
+    info = open_run(cfg, store, model, engine.info)
+    for shard in range(len(QUESTIONS) // 2):
+        assert extract_shard(store, shard, engine, info).status == "complete"
+    assert verify_run(store).clean
+    convert(cfg, store)
+    out = tmp_path / "train"
+    job = TrainJob(train=cfg.train, run_dir=cfg.run_dir, model_dir=str(model), out_dir=str(out), device="cpu")
+    with Trainer.build(job) as t:
+        assert t.aux_layers == BLOCK_LAYERS
+        t.run()
+    offline = evaluate_offline(cfg.evaluate, Path(cfg.run_dir), model, resolve_checkpoint(out / "checkpoints"))
+    assert offline.num_prompts == 2 and offline.identical_to_greedy == 2
+
+
 def store_text(model: Path, sample: PreparedSample) -> str:
     from transformers import AutoTokenizer
 
     return str(AutoTokenizer.from_pretrained(model).decode(sample.input_ids))
+
+
+FINAL_NORMS = ("norm", "embedding_norm", "norm_f")  # LFM2 calls its final norm embedding_norm, Nemotron-H norm_f
 
 
 def layer_inputs(model: Any, ids: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -161,7 +207,8 @@ def layer_inputs(model: Any, ids: list[int]) -> tuple[list[torch.Tensor], torch.
                                         with_kwargs=True)
         for layer in model.model.layers
     ]  # fmt: skip
-    hooks.append(model.model.norm.register_forward_hook(lambda m, a, out: norm.__setitem__("out", out[0])))
+    final_norm = next(getattr(model.model, n) for n in FINAL_NORMS if hasattr(model.model, n))
+    hooks.append(final_norm.register_forward_hook(lambda m, a, out: norm.__setitem__("out", out[0])))
     try:
         with torch.inference_mode():
             model(torch.tensor([ids]))
@@ -171,7 +218,7 @@ def layer_inputs(model: Any, ids: list[int]) -> tuple[list[torch.Tensor], torch.
     return seen, norm["out"]
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
 def test_captured_states_are_the_decoder_layer_inputs_alone_and_in_a_batch(
     arch: str, tiny_models: dict[str, Path], demo_tokenizer: Any
 ) -> None:
@@ -211,10 +258,16 @@ def test_each_tiny_target_is_its_architecture_with_the_demo_tokenizers_vocabular
 ) -> None:
     from transformers import AutoTokenizer
 
+    from eagle3.target.files import tokenizer_fingerprint
+
+    sizes: dict[str, int] = {}  # by tokenizer fingerprint: each distinct tokenizer is loaded once
     for arch, model in tiny_models.items():
         facts = read_model_facts(model)
         assert facts.architectures == (arch,) and facts.hidden_size == 64 and facts.num_layers == 8
-        assert len(AutoTokenizer.from_pretrained(model)) == facts.vocab_size
+        tok = tokenizer_fingerprint(model)
+        if tok not in sizes:
+            sizes[tok] = len(AutoTokenizer.from_pretrained(model))
+        assert sizes[tok] == facts.vocab_size, arch
 
 
 def altered_copy(model: Path, out: Path, **config: Any) -> Path:

@@ -171,7 +171,10 @@ class TransformersEngine:
         """The decoder stack without the lm_head (LlamaModel for LlamaForCausalLM)."""
         if self._model is None:
             self._model = self._models.get(self.model_dir, self.device, self.dtype)
-        return self._model.base_model
+        base = self._model.base_model
+        # Llama4ForCausalLM's base_model_prefix (language_model) names no attribute of its own, so transformers hands
+        # back the whole model: its stack is `model`
+        return base.model if base is self._model else base
 
     def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
         good: list[PreparedSample] = []

@@ -244,8 +244,10 @@ def test_a_method_whose_layers_the_store_lacks_is_refused_before_training_naming
     extraction that adds it; the store's own layers, and a subset of a 5-layer store's, pass."""
     cfg = config(tmp_path, stages=["train", "export"], train={"method": "eagle3.1", "aux_layers": [2, 5, 9]})
     made_by(config(tmp_path), model)
-    named = (r"train.method eagle3.1: train.aux_layers \[2, 5, 9\]: the store holds aux layers \[2, 6, 9\], not \[5\]"
-             r".*extract.aux_layers: \[2, 5, 6, 9\]")
+    named = (
+        r"train.method eagle3.1: train.aux_layers \[2, 5, 9\]: the store holds aux layers \[2, 6, 9\], not \[5\]"
+        r".*extract.aux_layers: \[2, 5, 6, 9\]"
+    )
     with pytest.raises(PreflightError, match=named):
         check_run(cfg, model)
     check_run(config(tmp_path, stages=["convert", "train"], train={"methods": ["eagle3", "eagle3.1"]}), model)
@@ -258,8 +260,12 @@ def test_a_method_whose_layers_the_store_lacks_is_refused_before_training_naming
 
 @pytest.mark.parametrize(
     ("layers", "named"),
-    [([2, 6], r"2 layers; a store holds 3 to 8"), (list(range(1, 10)), r"9 layers"), ([2, 6, 6], r"each layer once"),
-     ([6, 2, 9], r"increasing order")],
+    [
+        ([2, 6], r"2 layers; a store holds 3 to 8"),
+        (list(range(1, 10)), r"9 layers"),
+        ([2, 6, 6], r"each layer once"),
+        ([6, 2, 9], r"increasing order"),
+    ],
 )
 def test_aux_layers_of_a_wrong_count_or_order_are_refused_by_the_config(layers: list[int], named: str) -> None:
     with pytest.raises(ValueError, match=named):
@@ -300,6 +306,32 @@ def test_a_device_set_to_cuda_on_a_worker_without_one_is_refused_naming_each_key
     transformers = config(tmp_path, ["extract"], server=cuda)  # the engine in this process: torch's view
     with pytest.raises(PreflightError, match=r"server.device: cuda.*server.engine transformers"):
         check_stages(transformers, model, cuda=lambda: False, gpu_node=lambda: True)
+
+
+@pytest.mark.parametrize("flag", ["--enable-two-batch-overlap", "--enable-two-batch", "--enable-tw"])
+def test_two_batch_overlap_in_the_servers_flags_is_refused_before_the_first_stage_naming_the_key_and_the_users(
+    tmp_path: Path, model: Path, flag: str
+) -> None:
+    """SGLang's two-batch overlap skips the capture of most layers (eagle3/serving/launch_args.py); argparse takes
+    the flag's unambiguous prefixes too."""
+    server = {"engine": "sglang", "extra_args": ["--mem-fraction-static", "0.8", flag]}
+    cfg = config(tmp_path, ["extract", "convert", "train", "evaluate"], server=server, evaluate={"live": "on"})
+    with pytest.raises(PreflightError) as e:
+        check_stages(cfg, model, **NO_GPU)
+    msg = str(e.value)
+    assert msg.startswith("Refused before the first stage") and f"server.extra_args has '{flag}'" in msg, msg
+    assert "(--enable-two-batch-overlap)" in msg and "Remove it from server.extra_args" in msg
+    assert "extract (server.engine sglang launches the capturing server), evaluate (evaluate.live" in msg
+    attached = config(tmp_path, ["extract"], server={**server, "url": "http://b:30000"})
+    check_stages(attached, model, **NO_GPU)  # launched elsewhere, and nothing here launches one
+    synthesis_only = config(tmp_path, ["prepare", "synthesize"], server=server)
+    check_stages(synthesis_only, model, **NO_GPU)  # generation captures nothing
+
+
+def test_flags_that_leave_the_capture_alone_are_not_refused(tmp_path: Path, model: Path) -> None:
+    for flag in ("--enable-single-batch-overlap", "--enable-torch-compile", "--enable-two-batch-overlapping"):
+        cfg = config(tmp_path, ["extract"], server={"engine": "sglang", "extra_args": [flag]})
+        check_stages(cfg, model, **NO_GPU)
 
 
 def test_train_without_convert_is_refused_when_the_vocabulary_map_does_not_fit_or_is_missing(

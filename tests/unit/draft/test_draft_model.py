@@ -300,3 +300,11 @@ def test_dense_attention_by_blocks_of_queries_equals_the_whole_product_with_its_
         results.append([out, lse, qq.grad, kk.grad, vv.grad])
     for whole, blocked in zip(*results, strict=True):
         assert torch.allclose(whole, blocked, atol=1e-5, rtol=1e-5)
+
+
+def test_a_target_with_another_activation_gets_a_silu_draft_and_says_so() -> None:
+    """Apertus (xIELU): the draft is SGLang's Llama layer, whose MLP is SiLU whatever the target's."""
+    cfg = DraftConfig.from_target({**TARGET, "hidden_act": "xielu"}, num_aux=3, draft_vocab_size=40)
+    assert cfg == DraftConfig.from_target(TARGET, num_aux=3, draft_vocab_size=40)
+    assert "target hidden_act 'xielu': the draft's MLP uses silu" in cfg.note
+    assert cfg.llama_config()["hidden_act"] == "silu"

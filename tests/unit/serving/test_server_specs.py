@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from eagle3.config import PipelineConfig
-from eagle3.serving.specs import server_specs
+from eagle3.serving.specs import ServerArgsError, server_specs
 
 
 def config(**server: object) -> PipelineConfig:
@@ -104,3 +104,12 @@ def test_one_of_several_servers_gets_the_engine_the_one_builder_makes(tmp_path: 
     assert sglang.dump_dir == Path("/runs/r1/dump/node-a-30000")
     assert sglang.server.log_dir == Path("/runs/r1/server/node-a-30000")
     assert sglang.info.engine_layer_ids == [1, 14, 26]  # llama: HF index - 1 (extraction_layers)
+
+
+def test_servers_that_capture_refuse_two_batch_overlap_and_servers_that_only_generate_take_it() -> None:
+    cfg = config(extra_args=["--enable-two-batch-overlap"], servers=[{"gpus": "0"}, {"url": "http://b:30000"}])
+    with pytest.raises(ServerArgsError, match=r"server.extra_args has '--enable-two-batch-overlap'.*deepseek_v2.py"):
+        server_specs(cfg, host="node-a")
+    assert len(server_specs(cfg, host="node-a", capture=False)) == 2  # synthesize: generation only
+    attached = config(extra_args=["--enable-two-batch-overlap"], url="http://b:30000")
+    assert len(server_specs(attached, host="node-a")) == 1  # launched elsewhere: its flags are not these

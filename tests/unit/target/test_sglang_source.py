@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from eagle3.serving.launch_args import TWO_BATCH_OVERLAP_SKIPS
 from eagle3.target.families import FAMILIES, FIRST_ID_IS_1, GPT_OSS, NOT_TARGETS, PLUS_ONE, Family
 
 REPO = Path(__file__).resolve().parents[3]
@@ -97,3 +98,19 @@ def test_the_rule_reader_tells_the_three_rules_apart() -> None:
     assert eagle3_rules_in("deepseek_v2.py") == {FIRST_ID_IS_1}
     assert eagle3_rules_in("gpt_oss.py") == {GPT_OSS}
     assert eagle3_rules_in("kimi_k25.py") == set()  # it hands the ids to DeepSeek's language model
+
+
+def test_the_files_whose_capture_two_batch_overlap_skips_are_the_ones_the_refusal_names() -> None:
+    """A capturing file whose layer loop is cut short (after the dense layers) or skipped (every layer through
+    model_forward_stages) under `forward_batch.can_run_tbo`, with no guard for the EAGLE-3 capture (mimo_v2.py has
+    one: `and not self.layers_to_capture`; glm5_next.py's guards DFlash only)."""
+    cut = re.compile(
+        r"if forward_batch\.can_run_tbo(?P<guard>[^:]*):\s*\n\s*"
+        r"(if \(?\s*self\.first_k_dense_replace|hidden_states = model_forward_stages)"
+    )
+    skipping = []
+    for file in capturing_files():
+        for m in cut.finditer((models_dir() / file).read_text()):
+            if "layers_to_capture" not in m["guard"]:
+                skipping.append(file)
+    assert tuple(sorted(set(skipping))) == TWO_BATCH_OVERLAP_SKIPS, "update eagle3/serving/launch_args.py"

@@ -11,12 +11,14 @@ import transformers
 from eagle3.draft.shape import MLA_DRAFT_HEAD_DIM, DraftConfig
 from eagle3.serving.layers import LayerMappingError, internal_indices, sglang_layer_ids, sglang_rule
 from eagle3.target.families import (
+    BLOCK_DRAFTER_ARCHITECTURES,
     FAMILIES,
     MODEL_TYPES,
     REFUSED_ARCHITECTURES,
     SGLANG_RULES,
     TAPS,
     TESTED_ARCHITECTURES,
+    TINY_ARCHITECTURES,
     family_named,
     family_of,
     servable,
@@ -45,9 +47,16 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
     assert TESTED_ARCHITECTURES == ARCHITECTURES == tuple(f.architecture for f in WITH_RECIPE if servable(f))
     assert TESTED_ARCHITECTURES == (
         "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
-        "Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM",
+        "MistralForCausalLM", "Phi3ForCausalLM", "Llama4ForCausalLM", "ApertusForCausalLM", "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+        "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "MiniMaxM2ForCausalLM",
+        "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
     )  # fmt: skip
     assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM",)  # a tiny target to prove the refusals on
+    assert BLOCK_DRAFTER_ARCHITECTURES == (
+        "LagunaForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "MiMoV2FlashForCausalLM", "NemotronHForCausalLM",
+    )  # fmt: skip
+    assert set(TINY_ARCHITECTURES) == {*TESTED_ARCHITECTURES, *REFUSED_ARCHITECTURES, *BLOCK_DRAFTER_ARCHITECTURES}
 
 
 @pytest.mark.parametrize("family", WITH_RECIPE, ids=lambda f: f.architecture)
@@ -61,7 +70,7 @@ def test_every_recipe_builds_a_transformers_config_of_its_rows_model_type(family
 
 
 def test_a_name_without_a_recipe_is_a_model_error_naming_the_known_ones() -> None:
-    for name in ("FalconForCausalLM", "MistralForCausalLM"):  # no row; a row with no recipe
+    for name in ("FalconForCausalLM", "InternLM3ForCausalLM"):  # no row; a row with no recipe
         with pytest.raises(ModelError, match=r"no tiny recipe.*LlamaForCausalLM"):
             tiny_config(name)
 
@@ -83,7 +92,7 @@ def test_text_config_is_a_wrappers_language_model_or_the_config_itself() -> None
 
 
 def test_the_language_model_layouts_are_tried_causal_lm_first() -> None:
-    assert LM_PREFIXES == ("model.", "language_model.model.", "model.language_model.")
+    assert LM_PREFIXES == ("model.", "language_model.model.", "model.language_model.", "backbone.")
     assert HEAD_KEYS == ("lm_head.weight", "language_model.lm_head.weight")
 
 
