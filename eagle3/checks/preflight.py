@@ -28,6 +28,7 @@ from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.serving.launch_args import capture_args_problem
 from eagle3.serving.layers import eagle3_serving_problem
 from eagle3.store.run_store import RunStore
+from eagle3.target.families import block_drafter_problem
 from eagle3.target.files import model_fingerprint, read_model_facts, read_target_config, tokenizer_fingerprint
 
 NEW_RUN_DIR = (
@@ -114,7 +115,7 @@ def launch_args_problems(cfg: PipelineConfig) -> list[str]:
     """A flag of server.extra_args that would make an SGLang server this run launches skip the capture
     (eagle3.serving.launch_args), naming the stages that launch one: extraction, and live evaluation."""
     launched = cfg.server.url is None and (not cfg.server.servers or any(s.url is None for s in cfg.server.servers))
-    users = [s for s in sglang_capture_stages(cfg) if s.startswith("evaluate")]
+    users = live_sglang_stages(cfg)
     if "extract" in cfg.stages and cfg.server.engine == "sglang" and launched:
         users.insert(0, "extract (server.engine sglang launches the capturing server)")
     problem = capture_args_problem(cfg.server) if users else None
@@ -141,7 +142,7 @@ def device_problems(
     if cfg.server.device == "cuda" and not cfg.server.url:
         sglang = cfg.server.engine == "sglang"
         engine: list[str] = [s for s in ("prompts", "synthesize", "extract") if s in stages]
-        live = [s for s in sglang_capture_stages(cfg) if s.startswith("evaluate")]
+        live = live_sglang_stages(cfg)
         launched = (engine if sglang else []) + (["evaluate (live, SGLang)"] if live else [])
         in_process = [] if sglang else engine
         if launched and not gpu_node():
@@ -217,31 +218,44 @@ def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
         )
 
 
-def sglang_capture_stages(cfg: PipelineConfig) -> list[str]:
-    """The stages of this run that need SGLang to capture the target for an EAGLE-3 draft, each saying why."""
+def sglang_capture_stages(cfg: PipelineConfig, capture: str = "eagle3") -> list[str]:
+    """The stages of this run that need SGLang to capture the target through `capture` ("eagle3": the hook's
+    extraction and EAGLE-3 drafts; "dflash": the block drafters' capture), each saying why."""
     stages = set(cfg.stages)
     needs = []
-    if "extract" in stages and cfg.server.engine == "sglang":
+    if capture == "eagle3" and "extract" in stages and cfg.server.engine == "sglang":
         needs.append("extract (server.engine sglang captures the layers)")
+    trained = {m: method_named(m).capture for m in cfg.train.trained_methods()}
+    methods = ", ".join(m for m, c in trained.items() if c == capture)
+    if not methods:
+        return needs
     if "export" in stages:
-        needs.append("export (the draft's SGLang config names the layers SGLang captures)")
+        needs.append(f"export (the {methods} draft's SGLang config names the layers SGLang captures)")
     live = cfg.evaluate.live == "on" or (cfg.evaluate.live == "auto" and Path(cfg.server.python).exists())
     if "evaluate" in stages and live:
-        needs.append("evaluate (evaluate.live serves the draft with SGLang)")
+        needs.append(f"evaluate (evaluate.live serves the {methods} draft with SGLang)")
     return needs
 
 
+def live_sglang_stages(cfg: PipelineConfig) -> list[str]:
+    """The live evaluation, when this run serves its drafts (of any method) with SGLang."""
+    return [s for c in ("eagle3", "dflash") for s in sglang_capture_stages(cfg, c) if s.startswith("evaluate")]
+
+
 def serving_problem(cfg: PipelineConfig, model_dir: Path) -> str | None:
-    """Why a stage of this run would refuse the target because SGLang cannot feed its EAGLE-3 draft the stored
-    states (no layer-id rule, a family it captures for block drafters only, a tap that is not the residual stream),
-    naming those stages; None when no stage needs it or SGLang can."""
-    needs = sglang_capture_stages(cfg)
-    if not needs:
-        return None
-    problem = eagle3_serving_problem(read_target_config(model_dir), cfg.extract.sglang_layer_ids)
-    if problem is None:
-        return None
-    return f"{problem}. Refused before the first stage: {'; '.join(needs)} would fail on it (model {model_dir})."
+    """Why a stage of this run would refuse the target because SGLang cannot feed its drafts the stored states (no
+    layer-id rule, a family it captures for block drafters only or for EAGLE-3 only, a tap that is not the residual
+    stream), naming those stages; None when no stage needs it or SGLang can."""
+    target = read_target_config(model_dir)
+    problems = []
+    for capture, problem_of in (
+        ("eagle3", lambda: eagle3_serving_problem(target, cfg.extract.sglang_layer_ids)),
+        ("dflash", lambda: block_drafter_problem(target)),
+    ):
+        needs = sglang_capture_stages(cfg, capture)
+        if needs and (problem := problem_of()):
+            problems.append(f"{problem}. Refused before the first stage: {'; '.join(needs)} would fail on it")
+    return f"{' '.join(problems)} (model {model_dir})." if problems else None
 
 
 def extract_differences(cfg: PipelineConfig, store: RunStore, model_dir: Path) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from torch import Tensor, nn
 
@@ -70,6 +70,9 @@ class DraftModule(Protocol):
 class DraftMethod(Protocol):
     name: str  # train.method
     algorithm: str  # sglang.launch_server --speculative-algorithm
+    # the SGLang capture that feeds the draft when served: EAGLE-3's (set_eagle3_layers_to_capture) or the block
+    # drafters' (set_dflash_layers_to_capture); a family may have one and not the other (eagle3/target/families.py)
+    capture: Literal["eagle3", "dflash"]
     speculators_note: str  # why speculators_config is None, when it is
 
     def layers(self, store_layers: Sequence[int], num_layers: int, requested: Sequence[int] | None) -> list[int]:

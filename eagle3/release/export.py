@@ -46,6 +46,7 @@ from safetensors.torch import load_file, save
 from eagle3.config import TrainConfig
 from eagle3.convert.vocab import check_vocab_map
 from eagle3.draft.checkpoint import STATE, WEIGHTS, CheckpointError, read_state, resolve_checkpoint
+from eagle3.draft.dflash.serving import target_layer_ids
 from eagle3.draft.load import checkpoint_method, checkpoint_train
 from eagle3.draft.method import DraftMethod
 from eagle3.draft.shape import DraftConfig
@@ -54,7 +55,7 @@ from eagle3.serving.layers import LayerMappingError, SGLangLayers, eagle3_servin
 from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, read_json
 from eagle3.store.paths import EXPORT_FILE, FIRST_METHOD, RunPaths
 from eagle3.store.run_store import RunInfo, RunStore, now, read_record
-from eagle3.target.families import RESIDUAL, TAPS
+from eagle3.target.families import RESIDUAL, TAPS, block_drafter_problem
 from eagle3.target.files import model_fingerprint, sha256_file
 from eagle3.target.layout import text_config
 
@@ -238,12 +239,17 @@ def export_draft(
     info = RunStore(run_dir).require_run_info("export needs the store the draft was trained on")
     target_cfg = read_json(model_dir / "config.json")
     _check_same_target(info, target_cfg, run_dir, model_dir)
-    _check_served_tap(info, target_cfg, run_dir)
     try:
         method, draft_layers = checkpoint_method(ckpt)
     except CheckpointError as e:
         raise ExportError(str(e)) from None
-    layers = served_layer_ids(info, str(target_cfg.get("model_type", "")), draft_layers)
+    _check_served_tap(info, target_cfg, run_dir, method)
+    model_type = str(target_cfg.get("model_type", ""))
+    if method.capture == "eagle3":
+        layers = served_layer_ids(info, model_type, draft_layers)
+    else:  # a block drafter's ids are dflash_config.target_layer_ids, by the family's DFlash rule
+        aux = list(draft_layers or info.aux_layers)
+        layers = SGLangLayers(aux, target_layer_ids(aux, model_type), "dflash_target_layer_ids")
 
     ckpt_sha = sha256_file(ckpt / WEIGHTS)
     key = _export_key(
@@ -333,15 +339,19 @@ def export_draft(
     return result
 
 
-def _check_served_tap(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path) -> None:
+def _check_served_tap(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, method: DraftMethod) -> None:
     """The states SGLang will feed the draft are the ones it was trained on: refuse a target SGLang feeds something
-    else (eagle3/target/families.py `tap`), and a store that recorded another tap than the residual stream."""
+    else through the method's capture (eagle3/target/families.py: EAGLE-3's rule and `tap`, or the block drafters'
+    DFlash capture), and a store that recorded another tap than the residual stream."""
     override = info.config.get("extract", {}).get("sglang_layer_ids")
-    if problem := eagle3_serving_problem(target_cfg, override):
-        raise ExportError(f"{problem}. The store {run_dir} cannot give SGLang a draft")
+    problem = eagle3_serving_problem(target_cfg, override) if method.capture == "eagle3" else block_drafter_problem(
+        target_cfg
+    )
+    if problem:
+        raise ExportError(f"{problem}. The store {run_dir} cannot give SGLang a draft (train.method {method.name})")
     if info.tap != RESIDUAL:
         raise ExportError(
-            f"{run_dir}/run.json: the store holds the {info.tap!r} tap ({TAPS.get(info.tap, '?')}); SGLang's EAGLE-3 "
+            f"{run_dir}/run.json: the store holds the {info.tap!r} tap ({TAPS.get(info.tap, '?')}); SGLang's "
             "drafts are fed the residual stream of the families this pipeline exports"
         )
 

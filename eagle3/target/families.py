@@ -699,3 +699,25 @@ def family_of(model_type: str) -> Family | None:
 def family_named(architecture: str) -> Family | None:
     """The row of a Hugging Face architecture (class) name, or None."""
     return _BY_ARCHITECTURE.get(architecture)
+
+
+def block_drafter_problem(target_cfg: dict[str, Any]) -> str | None:
+    """Why SGLang 0.5.23 cannot serve a block drafter (DFlash, DSpark) of this target (its config.json) the states
+    this pipeline stores (the residual stream), or None: no DFlash capture for the family, or another tap."""
+    from eagle3.target.layout import text_config
+
+    model_type = str(target_cfg.get("model_type", ""))
+    family = family_of(model_type)
+    if family is None or family.dflash_rule is None:
+        return (
+            f"model_type {model_type!r}: SGLang 0.5.23 has no DFlash capture (set_dflash_layers_to_capture) for this "
+            "family in eagle3/target/families.py; a block drafter cannot be served for it. Train train.method eagle3"
+        )
+    tap = family.tap_of(text_config(target_cfg))
+    if tap != RESIDUAL:
+        return (
+            f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 feeds a block drafter of this family "
+            f"{TAPS[tap]} (sglang/srt/models/{', '.join(family.sglang_files)}), not the residual stream this "
+            "pipeline stores: a draft trained on the store would be slower than no draft. Not supported"
+        )
+    return None

@@ -30,6 +30,7 @@ from eagle3.convert import convert
 from eagle3.data.prepare import prepare
 from eagle3.data.synthesize import synthesize
 from eagle3.draft.checkpoint import resolve_checkpoint
+from eagle3.draft.dflash.serving import target_layer_ids
 from eagle3.evaluate.offline import evaluate_offline
 from eagle3.extract.engines import build_engine
 from eagle3.extract.engines.base import Captured
@@ -187,6 +188,15 @@ def test_a_family_sglang_captures_for_block_drafters_only_trains_and_evaluates_a
         t.run()
     offline = evaluate_offline(cfg.evaluate, Path(cfg.run_dir), model, resolve_checkpoint(out / "checkpoints"))
     assert offline.num_prompts == 2 and offline.identical_to_greedy == 2
+    # the block drafter is served through SGLang's DFlash capture, which the family has: preflight lets its export
+    # through, and the export names the layers by the family's DFlash rule
+    check_serving(cfg.model_copy(update={"stages": [*stages, "export"]}), model)
+    export = export_draft(resolve_checkpoint(out / "checkpoints"), Path(cfg.run_dir), model, tmp_path / "export")
+    assert export.speculative_algorithm == "DFLASH" and export.aux_layers == BLOCK_LAYERS
+    config = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert config["dflash_config"]["target_layer_ids"] == export.sglang_layer_ids == target_layer_ids(
+        BLOCK_LAYERS, read_model_facts(model).model_type
+    )
 
 
 def store_text(model: Path, sample: PreparedSample) -> str:

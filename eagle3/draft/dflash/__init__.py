@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from torch import Tensor, nn
 
@@ -73,6 +73,7 @@ def checked_mask_token_id(cfg: DraftConfig, train: TrainConfig | None) -> int:
 class DFlashMethod:
     name = "dflash"
     algorithm = "DFLASH"
+    capture: Literal["eagle3", "dflash"] = "dflash"
     speculators_note = (
         "speculators' DFlash layout (SGLang's DFlashLagunaForCausalLM loads one) is not written: its keys were not "
         "checked against speculators' source here; serve the SGLang directory"

@@ -30,7 +30,7 @@ from typing import Any
 
 from eagle3.draft.method import MethodError
 from eagle3.draft.shape import DraftConfig
-from eagle3.target.families import DFlashRule, family_of
+from eagle3.target.families import DFlashRule, block_drafter_problem, family_of
 
 
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -52,10 +52,7 @@ def hf_index(layer_id: int, rule: DFlashRule) -> int:
 def dflash_rule_of(model_type: str) -> DFlashRule:
     family = family_of(model_type)
     if family is None or family.dflash_rule is None:
-        raise MethodError(
-            f"model_type {model_type!r}: SGLang 0.5.23 has no DFlash capture (set_dflash_layers_to_capture) for this "
-            "family in eagle3/target/families.py; a block drafter cannot be served for it. Train train.method eagle3"
-        )
+        raise MethodError(str(block_drafter_problem({"model_type": model_type})))
     return family.dflash_rule
 
 

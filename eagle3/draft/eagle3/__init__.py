@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from torch import Tensor, nn
 
@@ -41,6 +41,7 @@ class Eagle3Method:
     """EAGLE-3 and its variants: the method's name, SGLang's algorithm and the Eagle3Flags the draft is built with."""
 
     algorithm = "EAGLE3"  # EAGLE-3.1 is served by the same algorithm; config.json's flags tell SGLang which
+    capture: Literal["eagle3", "dflash"] = "eagle3"
     speculators_note = ""
 
     def __init__(self, name: str, flags: Eagle3Flags) -> None:

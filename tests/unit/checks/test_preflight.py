@@ -237,6 +237,26 @@ def test_a_block_drafter_only_family_and_a_config_that_changes_the_tap_are_refus
         check_run(export, mhc)
 
 
+def test_the_served_capture_follows_the_trained_methods_eagle3_and_the_block_drafters_each_their_own(
+    tmp_path: Path,
+) -> None:
+    """A block drafter is served through SGLang's DFlash capture: its export passes on a family captured for block
+    drafters only and is refused on one captured for EAGLE-3 only; with both methods trained, each side's refusal
+    names its own method and stages."""
+    laguna = target(tmp_path / "a", "laguna", "LagunaForCausalLM")
+    qwen2 = target(tmp_path / "b", "qwen2", "Qwen2ForCausalLM")
+    stages = ["prepare", "extract", "convert", "train", "export"]
+    five = {"aux_layers": [2, 4, 6, 8, 10]}  # the block drafters' five (12 layers)
+    dflash = config(tmp_path, stages, evaluate={"live": "off"}, train={"method": "dflash"}, extract=five)
+    check_run(dflash, laguna)
+    with pytest.raises(PreflightError, match=r"'qwen2'.*no DFlash capture.*export \(the dflash draft's SGLang config"):
+        check_run(dflash, qwen2)
+    both = config(tmp_path, stages, evaluate={"live": "off"}, train={"methods": ["eagle3", "dflash"]}, extract=five)
+    with pytest.raises(PreflightError, match=r"block drafters only.*export \(the eagle3 draft's") as e:
+        check_run(both, laguna)
+    assert "dflash draft" not in str(e.value)
+
+
 def test_a_method_whose_layers_the_store_lacks_is_refused_before_training_naming_them(
     tmp_path: Path, model: Path
 ) -> None:
