@@ -94,6 +94,11 @@ class TrainConfig(StrictModel):
         256, ge=1, le=4096,
         description="DSpark: the rank of its Markov head (markov_w1 [V, r], markov_w2 [V, r]: 2 x V x r weights).",
     )  # fmt: skip
+    markov_head: Literal["vanilla", "gated", "rnn"] = Field(
+        "vanilla",
+        description="DSpark: its Markov head, as SGLang's markov_head_type. `vanilla`: the previous token's low-rank "
+        "code. `gated`: the code gated by the drafting row. `rnn`: a gated recurrent state along the block.",
+    )  # fmt: skip
     ttt_decay: float = Field(0.8, gt=0, le=1.0, description="Loss weight of step i is decay**i.")
     draft_vocab_size: int | None = Field(
         None, gt=0,

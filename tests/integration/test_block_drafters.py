@@ -109,6 +109,66 @@ def test_a_store_without_the_methods_layers_is_refused_before_training(tmp_path:
         Trainer.build(job(tmp_path, tmp_path / "out"))
 
 
+def sglang_view(
+    draft: Path, store: Path, tmp_path: Path, algorithm: str
+) -> tuple[dict[str, Any], list[str], list[str], list[tuple[str, torch.Tensor, torch.Tensor]]]:
+    """The exported draft through SGLang 0.5.23's own loader in draft mode next to the store's target: what it made
+    of the config (metadata), the keys it wanted and we lack, ours it did not take, and (key, theirs, ours) pairs."""
+    out, cwd = tmp_path / "sglang_view.safetensors", tmp_path / "cwd"
+    cwd.mkdir()
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub"),
+           # DSpark's confidence head is built (and its weights read) only when the verify is ragged; SGLang's
+           # default, static, skips confidence_head.* silently
+           "SGLANG_RAGGED_VERIFY_MODE": "cap-accept"}  # fmt: skip
+    proc = subprocess.run(
+        [str(SGLANG_PYTHON), str(HERE / "sglang_load_block_draft.py"), "--draft", str(draft),
+         "--target", str(store / "target"), "--out", str(out), "--port", str(free_port()), "--block-size", str(BLOCK),
+         "--algorithm", algorithm],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with safe_open(str(out), "pt") as f:
+        meta: dict[str, Any] = json.loads(f.metadata()["result"])
+    theirs = {k.removeprefix("param."): v for k, v in load_file(str(out)).items()}
+    ours = load_file(str(draft / "model.safetensors"))
+    fused = (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj")))
+
+    def stacked(name: str) -> torch.Tensor | None:
+        """Our tensor(s) for one of SGLang's parameters (it stacks q/k/v and gate/up)."""
+        for f, parts in fused:
+            if f".{f}." in name:
+                got = [ours.get(name.replace(f, p)) for p in parts]
+                return None if any(g is None for g in got) else torch.cat(got)  # type: ignore[misc]
+        return ours.get(name)
+
+    missing = sorted(k for k in theirs if stacked(k) is None)
+    used = {k.replace(f, p) for k in theirs for f, ps in fused for p in ps if f".{f}." in k} | set(theirs)
+    pairs = [(k, v, t) for k, v in theirs.items() if (t := stacked(k)) is not None]
+    return meta, missing, sorted(set(ours) - used), pairs
+
+
+@pytest.mark.sglang
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_sglangs_loader_builds_the_dspark_markov_head_the_config_names_and_takes_its_weights(
+    store: Path, head: str, tmp_path: Path
+) -> None:
+    """train.markov_head gated / rnn: markov_head_type in config.json, and SGLang's GatedMarkovHead / RNNHead take
+    gate_proj / joint_proj (bias included) as trained."""
+    require_sglang_env()
+    out = tmp_path / "train"
+    with Trainer.build(job(store, out, "dspark", max_steps=2, markov_head=head)) as t:
+        t.run()
+    export_draft(out, store / "store", store / "target", tmp_path / "draft")
+    assert read_json(tmp_path / "draft" / "config.json")["markov_head_type"] == head
+    meta, missing, unexpected, pairs = sglang_view(tmp_path / "draft", store, tmp_path, "DSPARK")
+    assert missing == [] and unexpected == ["d2t", "t2d"]
+    own = {"gated": "markov_head.gate_proj.", "rnn": "markov_head.joint_proj."}[head]
+    assert {k for k, _, _ in pairs if k.startswith(own)} == {own + "weight", own + "bias"}
+    for k, theirs, ours in pairs:
+        torch.testing.assert_close(theirs.float(), ours.float(), msg=k)
+    assert meta["class"] == "DSparkDraftModel"
+
+
 @pytest.mark.sglang
 def test_sglangs_loader_takes_every_weight_of_the_block_drafters_export_and_captures_the_stores_layers(
     store: Path, trained: tuple[str, Path], tmp_path: Path
@@ -124,39 +184,10 @@ def test_sglangs_loader_takes_every_weight_of_the_block_drafters_export_and_capt
     gamma = BLOCK if method == "dflash" else BLOCK - 1  # DSpark's block_size counts the drafted tokens
     assert config["dflash_config"] == {"block_size": gamma, "mask_token_id": SPEC.vocab_size - 1,
                                        "target_layer_ids": [1, 2, 3, 4, 5]}  # fmt: skip
-    out, cwd = tmp_path / "sglang_view.safetensors", tmp_path / "cwd"
-    cwd.mkdir()
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub"),
-           # DSpark's confidence head is built (and its weights read) only when the verify is ragged; SGLang's
-           # default, static, skips confidence_head.* silently
-           "SGLANG_RAGGED_VERIFY_MODE": "cap-accept"}  # fmt: skip
-    proc = subprocess.run(
-        [str(SGLANG_PYTHON), str(HERE / "sglang_load_block_draft.py"), "--draft", str(tmp_path / "draft"),
-         "--target", str(store / "target"), "--out", str(out), "--port", str(free_port()), "--block-size", str(BLOCK),
-         "--algorithm", ALGORITHM[method]],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with safe_open(str(out), "pt") as f:
-        meta: dict[str, Any] = json.loads(f.metadata()["result"])
-    theirs = {k.removeprefix("param."): v for k, v in load_file(str(out)).items()}
-    ours = load_file(str(tmp_path / "draft" / "model.safetensors"))
-
-    def stacked(name: str) -> torch.Tensor | None:
-        """Our tensor(s) for one of SGLang's parameters (it stacks q/k/v and gate/up)."""
-        for fused, parts in (("qkv_proj", ("q_proj", "k_proj", "v_proj")), ("gate_up_proj", ("gate_proj", "up_proj"))):
-            if f".{fused}." in name:
-                got = [ours.get(name.replace(fused, p)) for p in parts]
-                return None if any(g is None for g in got) else torch.cat(got)  # type: ignore[misc]
-        return ours.get(name)
-
-    missing = sorted(k for k in theirs if stacked(k) is None)
-    used = {k.replace(f, p) for k in theirs for f, ps in (("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-            ("gate_up_proj", ("gate_proj", "up_proj"))) for p in ps if f in k} | set(theirs)  # fmt: skip
-    unexpected = sorted(set(ours) - used)
+    meta, missing, unexpected, pairs = sglang_view(tmp_path / "draft", store, tmp_path, ALGORITHM[method])
     assert missing == [] and unexpected == ["d2t", "t2d"]  # the trainer's vocab map; SGLang's loader skips it
-    for k, v in theirs.items():
-        torch.testing.assert_close(v.float(), stacked(k).float(), msg=k)  # type: ignore[union-attr]
+    for k, theirs, ours in pairs:
+        torch.testing.assert_close(theirs.float(), ours.float(), msg=k)
     assert meta["class"] == {"dflash": "DFlashDraftModel", "dspark": "DSparkDraftModel"}[method]
     assert meta["block_size"] == gamma
     assert meta["num_context_features"] == len(LAYERS) and meta["mask_token_id"] == SPEC.vocab_size - 1

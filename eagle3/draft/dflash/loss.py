@@ -107,8 +107,8 @@ def flex_block_mask(doc: Tensor, anchors: Tensor, queries: int) -> Any:
     return as_block_mask(blocks, block_rule, m, n + m)
 
 
-def _ce(model: DFlashDraft, rows: Tensor, prev: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-    logits = model.step_logits(rows, prev).float()  # [c, V]
+def _ce(model: DFlashDraft, rows: Tensor, latent: Tensor | None, labels: Tensor) -> tuple[Tensor, Tensor]:
+    logits = model.step_logits(rows, latent).float()  # [c, V]
     return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
 
 
@@ -133,11 +133,14 @@ def block_loss(
     labels = target.argmax[safe - 1]  # [A, S] the target's greedy token there
     prev = batch.input_ids[safe - 1]  # [A, S] the token before it (the anchor for the first)
     drafting = model.drafting_rows(out)  # [A, S, H]
+    latents = model.step_latents(drafting, prev)  # [A, S, r] (DSpark's Markov head, teacher-forced) or None
     flat_rows, flat_prev, flat_labels = drafting.reshape(-1, out.shape[-1]), prev.flatten(), labels.flatten()
+    flat_latents = None if latents is None else latents.reshape(flat_rows.shape[0], -1)
     ce_parts, pred_parts = [], []
     for a in range(0, flat_rows.shape[0], chunk_tokens):  # [chunk, V] logits at a time, recomputed in backward
         c = slice(a, a + chunk_tokens)
-        ce, pred = checkpoint(_ce, model, flat_rows[c], flat_prev[c], flat_labels[c], use_reentrant=False)
+        lat = None if flat_latents is None else flat_latents[c]
+        ce, pred = checkpoint(_ce, model, flat_rows[c], lat, flat_labels[c], use_reentrant=False)
         ce_parts.append(ce)
         pred_parts.append(pred)
     ce = torch.cat(ce_parts).view(-1, s) if ce_parts else out.new_zeros(0, s, dtype=torch.float32)

@@ -188,9 +188,13 @@ class DFlashDraft(nn.Module):
         """A block's outputs [.., Q, H] -> the rows that draft its B - 1 tokens [.., B - 1, H]."""
         return out[..., self.first : self.first + self.block_size - 1, :]
 
-    def step_logits(self, rows: Tensor, prev: Tensor) -> Tensor:
-        """Drafting rows [M, H] and the token before each drafted one [M] -> its logits [M, V]. DFlash's do not
-        depend on `prev` (every position is drafted in parallel); DSpark adds its Markov bias."""
+    def step_latents(self, rows: Tensor, prev: Tensor) -> Tensor | None:
+        """Drafting rows [A, S, H] and the token before each drafted one [A, S] -> what each step's logits add
+        (DSpark's Markov latents); None for DFlash, whose positions are drafted in parallel."""
+        return None
+
+    def step_logits(self, rows: Tensor, latent: Tensor | None) -> Tensor:
+        """Drafting rows [M, H] and their step_latents [M, r] (or None) -> logits [M, V]."""
         return self.logits(rows)
 
     def side_loss(self, rows: Tensor, prev: Tensor, hit: Tensor) -> Tensor:

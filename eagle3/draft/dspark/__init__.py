@@ -41,7 +41,8 @@ class DSparkMethod(DFlashMethod):
     ) -> nn.Module:
         mask, s = checked_mask_token_id(cfg, train), settings(train)
         return DSparkDraft(cfg, num_layers=cfg.num_aux, block_size=s.block_size, mask_token_id=mask,
-                           markov_rank=s.markov_rank, embed_weight=embedding, lm_head=lm_head)  # fmt: skip
+                           markov_rank=s.markov_rank, markov_head=s.markov_head, embed_weight=embedding,
+                           lm_head=lm_head)  # fmt: skip
 
     def sglang_config(
         self, cfg: DraftConfig, layer_ids: list[int], *, aux_layers: list[int], model_type: str,
@@ -53,6 +54,7 @@ class DSparkMethod(DFlashMethod):
             block_size=settings(train).block_size,
             mask_token_id=mask_token_id(cfg, train),
             markov_rank=settings(train).markov_rank,
+            markov_head=settings(train).markov_head,
             layer_ids=dflash_serving.target_layer_ids(aux_layers, model_type),
         )
 

@@ -2,8 +2,8 @@
 dspark_config.py): DFlash's config.json (eagle3/draft/dflash/serving.py) with
 
     architectures                   ["DSparkDraftModel"]
-    markov_rank, markov_head_type   the Markov head's rank and kind ("vanilla": markov_w1, markov_w2); DSpark refuses
-                                    markov_rank 0
+    markov_rank, markov_head_type   the Markov head's rank and kind (train.markov_head: "vanilla": markov_w1,
+                                    markov_w2; "gated": + gate_proj; "rnn": + joint_proj); DSpark refuses rank 0
     enable_confidence_head          true: SGLang then requires confidence_head.proj.{weight,bias} (unless
     confidence_head_with_markov     SGLANG_RAGGED_VERIFY_MODE=static); the head reads [row; markov_w1[prev]]
     sample_from_anchor              true: the anchor's row drafts the first token, so the block has gamma query rows
@@ -23,7 +23,8 @@ from eagle3.draft.shape import DraftConfig
 
 
 def sglang_config(
-    cfg: DraftConfig, *, num_layers: int, block_size: int, mask_token_id: int, markov_rank: int, layer_ids: list[int]
+    cfg: DraftConfig, *, num_layers: int, block_size: int, mask_token_id: int, markov_rank: int, markov_head: str,
+    layer_ids: list[int],
 ) -> dict[str, Any]:
     gamma = block_size - 1
     out = dflash.sglang_config(cfg, num_layers=num_layers, block_size=gamma, mask_token_id=mask_token_id,
@@ -31,7 +32,7 @@ def sglang_config(
     out.update(
         architectures=["DSparkDraftModel"],
         markov_rank=markov_rank,
-        markov_head_type="vanilla",
+        markov_head_type=markov_head,
         enable_confidence_head=True,
         confidence_head_with_markov=True,
         sample_from_anchor=True,

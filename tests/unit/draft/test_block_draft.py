@@ -21,10 +21,10 @@ from eagle3.draft.synthetic import SyntheticSpec, target_config
 K, B = 3, 4
 
 
-def draft(method: str = "dflash", block_size: int = B) -> DFlashDraft:
+def draft(method: str = "dflash", block_size: int = B, markov_head: str = "vanilla") -> DFlashDraft:
     cfg = DraftConfig.from_target(target_config(SyntheticSpec()), num_aux=K, draft_vocab_size=96)
     torch.manual_seed(0)
-    train = TrainConfig(method=method, block_size=block_size, markov_rank=8)  # type: ignore[arg-type]
+    train = TrainConfig(method=method, block_size=block_size, markov_rank=8, markov_head=markov_head)  # type: ignore[arg-type]
     lm_head = torch.randn(cfg.vocab_size, cfg.hidden_size)
     model = method_named(method).build(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size), lm_head=lm_head,
                                        train=train)  # fmt: skip
@@ -132,18 +132,35 @@ def test_the_drafter_refuses_more_tokens_than_a_block_drafts() -> None:
         drafter.propose(B)
 
 
-def test_dsparks_drafter_takes_each_tokens_markov_bias_from_the_token_drafted_before_it() -> None:
-    """The semi-autoregressive step: token j is the argmax of base_j + w2(w1[token j-1]), the anchor before the
-    first, as the Markov-corrected logits training scores (step_logits) with the same previous tokens."""
-    model = draft("dspark")
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_dsparks_drafter_takes_each_tokens_markov_bias_from_the_token_drafted_before_it(head: str) -> None:
+    """The semi-autoregressive step: token j is the argmax of base_j + w2(latent_j), latent_j from the token before
+    (the anchor before the first; gated by the row, or through the RNN's state), as training scores the block
+    (step_latents, then step_logits) with the same previous tokens."""
+    model = draft("dspark", markov_head=head)
     assert isinstance(model, DSparkDraft) and (model.queries, model.first) == (B - 1, 0)
     with torch.no_grad():
         model.markov_head.markov_w2.weight.normal_(std=100.0)  # a bias large enough to change the argmax
         rows = torch.randn(B - 1, model.cfg.hidden_size)
         tokens = model.draft(rows, anchor=7)
         prev = torch.tensor([7, *tokens[:-1]])
-        assert tokens == model.step_logits(rows, prev).argmax(-1).tolist()
+        latents = model.step_latents(rows[None], prev[None])[0]
+        assert tokens == model.step_logits(rows, latents).argmax(-1).tolist()
         assert tokens != model.logits(rows).argmax(-1).tolist()  # the bias mattered
+
+
+def test_the_rnn_markov_heads_state_carries_along_the_block_and_the_gated_heads_gate_reads_the_row() -> None:
+    """What makes the two heads differ from the vanilla one: the RNN's step j depends on the tokens before j-1 (its
+    state), the gated head's on the drafting row; the vanilla head depends on the previous token alone."""
+    with torch.no_grad():
+        for head, depends_on_earlier, depends_on_row in (("vanilla", False, False), ("gated", False, True),
+                                                         ("rnn", True, True)):  # fmt: skip
+            model = draft("dspark", markov_head=head)
+            rows = torch.randn(1, B - 1, model.cfg.hidden_size)
+            a, b = torch.tensor([[5, 6, 7]]), torch.tensor([[9, 6, 7]])  # differ at the first step only
+            last = model.step_latents(rows, a)[0, -1]
+            assert torch.equal(last, model.step_latents(rows, b)[0, -1]) != depends_on_earlier, head
+            assert torch.equal(last, model.step_latents(rows * 2, a)[0, -1]) != depends_on_row, head
 
 
 @pytest.mark.parametrize("method", ["dflash", "dspark"])
