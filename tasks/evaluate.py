@@ -22,6 +22,7 @@ from eagle3.evaluate.offline import (
     PositionStats,
     context_buckets,
     evaluate_offline,
+    evaluated,
     load_eval_sets,
     offline_dtype,
     read_offline_result,
@@ -81,6 +82,9 @@ def sets_table(off: OfflineEvalResult) -> list[str]:
     for r in off.runs or [off]:
         lines += [f"| {r.set_name} | {r.steps} | {b.label} | {b.num_prompts} | {b.acceptance_length:.3f} |"
                   for b in context_buckets(r.per_prompt)]  # fmt: skip
+    if off.skipped:
+        lines += ["", "Not evaluated with this target:", ""]
+        lines += [f"- `{s.name}` ({s.kind}): {s.reason}" for s in off.skipped]
     with_categories = [r for r in off.runs if r.categories]
     if with_categories:
         lines += ["", "| set | k | category | prompts | acceptance length | per position |"]
@@ -146,7 +150,7 @@ def previous_offline(config: PipelineConfig, sets: list[EvalPrompts]) -> Offline
     info = store.require_run_info("evaluate needs the store the draft was trained from")
     dtype = offline_dtype(ev, info.dtype)
     ks = ev.chain_lengths()
-    want = [(s.name, len(s.ids), k) for s in sets for k in ks]
+    want = [(s.name, len(s.ids), k) for s in evaluated(sets) for k in ks]
     have = [(r.set_name, r.num_prompts, r.steps) for r in old.runs]
     now = (str(resolve_checkpoint(store.method(method).train.root)), ev.max_new_tokens, dtype, want)
     return old if (old.checkpoint, old.max_new_tokens, old.dtype, have) == now else None
@@ -173,7 +177,10 @@ def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     run_dir, model, method = Path(config.run_dir), Path(model_dir), config.train.method
     paths, ev = RunPaths(run_dir).method(method), config.evaluate
     sets = load_eval_sets(ev, ChatTokenizer.from_model_dir(model, config.data))
-    prompts = sets[0].ids  # the live evaluation's prompts: the first set's
+    for s in sets:
+        if s.skipped:
+            logger.warning("evaluate: set %s (%s) not evaluated: %s", s.name, s.kind, s.skipped)
+    prompts = evaluated(sets)[0].ids  # the live evaluation's prompts: the first evaluated set's
     key = method_key(config.run_dir, method, "evaluate-progress")
     report = TaskProgress(logger, "evaluate", key=key, unit="prompts")
     offline = previous_offline(config, sets)

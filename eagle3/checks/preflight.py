@@ -30,6 +30,7 @@ from eagle3.serving.layers import eagle3_serving_problem
 from eagle3.store.run_store import RunStore
 from eagle3.target.families import block_drafter_problem
 from eagle3.target.files import model_fingerprint, read_model_facts, read_target_config, tokenizer_fingerprint
+from eagle3.target.layout import text_config
 
 NEW_RUN_DIR = (
     "Set the keys back to the store's values, or choose a new run_dir for the new settings (run_dir may contain "
@@ -107,6 +108,7 @@ def check_stages(
     here = cfg.train.nodes == 1 if train_here is None else train_here
     problems = device_problems(cfg, train_here=here, cuda=cuda, gpu_node=gpu_node) + vocab_problems(cfg)
     problems += launch_args_problems(cfg)
+    problems += length_problems(cfg, model_dir)
     if problems:
         raise PreflightError("Refused before the first stage, on this worker:\n  " + "\n  ".join(problems))
 
@@ -150,6 +152,49 @@ def device_problems(
         if in_process and not cuda():
             refuse("server.device", in_process, "server.engine transformers; torch.cuda.is_available() is False")
     return problems
+
+
+#: SGLang refuses a prompt of min(context, KV pool) - 6 tokens or more (sglang/srt/managers/tp_worker.py:
+#: max_req_input_len = min(context_len - 1, kv_capacity - 1) - 5, and managers/utils.py validate_input_length
+#: refuses len >= max_req_input_len): the longest prompt it takes is min(context, KV pool) - SGLANG_HELD_BACK.
+SGLANG_HELD_BACK = 7
+
+
+def sglang_longest_prompt(cfg: PipelineConfig, model_dir: Path) -> tuple[int, str] | None:
+    """The longest prompt a launched SGLang server of this config takes, and where it comes from; None when it
+    cannot be known before the server starts (no server.max_total_tokens: the pool is sized from free memory, and
+    the target's context bounds it only)."""
+    args = cfg.server.extra_args
+    given = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--context-length"]
+    given += [a.split("=", 1)[1] for a in args if a.startswith("--context-length=")]
+    context = text_config(read_target_config(model_dir)).get("max_position_embeddings")
+    bounds = [(int(given[-1]), "--context-length in server.extra_args")] if given else []
+    if not given and context:
+        bounds.append((int(context), f"the target's context (max_position_embeddings of {model_dir})"))
+    if cfg.server.max_total_tokens is not None:
+        bounds.append((cfg.server.max_total_tokens, "server.max_total_tokens (its KV pool)"))
+    if not bounds:
+        return None
+    tokens, what = min(bounds)
+    return tokens - SGLANG_HELD_BACK, f"{what}: {tokens}, less the {SGLANG_HELD_BACK} SGLang holds back"
+
+
+def length_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]:
+    """Extraction through SGLang of a sample longer than the server takes fails that sample after every earlier
+    stage ran (prepare caps samples at the target's context, which SGLang takes 7 less of): data.max_length must
+    fit the server."""
+    if "extract" not in cfg.stages or cfg.server.engine != "sglang" or cfg.server.url:
+        return []  # an attached server (server.url): its limits are its own, and its /generate names them
+    longest = sglang_longest_prompt(cfg, model_dir)
+    if longest is None or cfg.data.max_length <= longest[0]:
+        return []
+    tokens, why = longest
+    return [
+        f"data.max_length: {cfg.data.max_length}, but the SGLang server takes prompts of at most {tokens} tokens "
+        f"({why}); extraction would fail every longer sample. Set data.max_length to {tokens} or less (prepare "
+        "then reports the longer rows as bad rows, or cuts them with data.truncate), or raise "
+        "server.max_total_tokens."
+    ]
 
 
 def vocab_problems(cfg: PipelineConfig) -> list[str]:

@@ -50,7 +50,9 @@ class EvaluateConfig(StrictModel):
     sets: list[EvalSetConfig] = Field(
         default_factory=list,
         description="Named evaluation sets, each reported on its own (offline). Empty: one set named `held-out` from "
-        "evaluate.dataset and num_prompts. The first set's prompts also drive the live evaluation.",
+        "evaluate.dataset and num_prompts. The first evaluated set's prompts also drive the live evaluation. A set "
+        "whose rows carry tools is skipped, with the reason recorded, where the target's chat template prints no "
+        "tool calls (docs/formats.md).",
     )
     compare_steps: list[int] = Field(
         [3, 5],

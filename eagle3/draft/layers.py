@@ -62,15 +62,24 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 #: Queries per block of dense_attend: a row longer than this is attended block by block, each block's scores
 #: ([heads, block, keys so far]) recomputed in backward, so a long sample's step holds O(block x N) scores, not O(N^2).
-#: An 8.5K-token step of the tiny Qwen3's draft (4 heads, 2 TTT steps): 8 GB in one product, 0.5 GB in blocks of 512
-#: (0.86 GB of 1,024; tests/integration/test_long_context.py).
+#: An 8.5K-token step of the tiny Qwen3's draft (4 heads, 2 TTT steps): 8 GB in one product, 0.5 GB in blocks of 512.
 DENSE_BLOCK = 512
+#: A longer row takes fewer queries a block, so that one block's scores stay within this many fp32 elements (32 MB),
+#: down to DENSE_MIN_BLOCK queries: the attention's share of a step's memory then stays the same at any length (blocks
+#: of 512 grew by 8 KB per key token and head for each tensor a block keeps: a 31.5K-token step of the tiny Qwen3's
+#: draft peaked at 1.6 GB, now 0.6 GB; docs/performance.md, long samples).
+DENSE_SCORES = 1 << 23
+DENSE_MIN_BLOCK = 64
 
 
-def dense_attend(doc: Tensor, block: int = DENSE_BLOCK) -> AttendFn:
+def dense_attend(
+    doc: Tensor, block: int = DENSE_BLOCK, scores_budget: int = DENSE_SCORES, min_block: int = DENSE_MIN_BLOCK
+) -> AttendFn:
     """Causal attention within documents from explicit scores: exact (CPU, tests, reference). A row of up to
     `block` tokens is one product, O(N^2) memory; a longer one (a long sample's step, eagle3/draft/data.py) goes by
-    blocks of queries under activation checkpointing, each seeing the keys up to its last query."""
+    blocks of queries under activation checkpointing, each seeing the keys up to its last query, at most `block`
+    queries a block and fewer for a long row (one block's scores within `scores_budget` elements, down to `min_block`
+    queries)."""
     n = len(doc)
     pos = torch.arange(n, device=doc.device)
 
@@ -91,8 +100,9 @@ def dense_attend(doc: Tensor, block: int = DENSE_BLOCK) -> AttendFn:
             return scores(q, k, v, 0)
         from torch.utils.checkpoint import checkpoint
 
-        parts = [checkpoint(scores, q[lo : lo + block], k[: lo + block], v[: lo + block], lo, use_reentrant=False)
-                 for lo in range(0, n, block)]  # fmt: skip
+        m = min(block, max(min_block, scores_budget // (q.shape[1] * n)))  # queries a block
+        parts = [checkpoint(scores, q[lo : lo + m], k[: lo + m], v[: lo + m], lo, use_reentrant=False)
+                 for lo in range(0, n, m)]  # fmt: skip
         return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
 
     return attend

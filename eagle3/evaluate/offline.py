@@ -30,6 +30,7 @@ from eagle3.config import EvaluateConfig
 from eagle3.data.chat import ChatTokenizer, RowError
 from eagle3.data.eval_sets import EvalError, chat_rows, humaneval_rows, prompt_conversation
 from eagle3.data.generate import stop_token_ids
+from eagle3.data.tool_calls import has_tools
 from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
@@ -54,6 +55,15 @@ class EvalPrompts:
     dataset: str
     ids: list[list[int]]
     categories: list[str | None]
+    skipped: str | None = None  # why the set is not evaluated with this target (then no ids): recorded, not decoded
+
+
+def carries_tools(row: dict[str, Any]) -> bool:
+    """The row's prompt has tools or tool calls (a row that cannot be read says so where the set is loaded)."""
+    try:
+        return has_tools(*prompt_conversation(row))
+    except RowError:
+        return False
 
 
 def load_eval_set(
@@ -67,6 +77,13 @@ def load_eval_set(
     else:
         rows = chat_rows(Path(dataset))
     out = EvalPrompts(name, kind, dataset, [], [])
+    if chat.call_arguments is None:  # the template prints no tool calls: a tool-call set cannot be asked as served
+        tooled = next((n for n, data, _ in rows if data is not None and carries_tools(data)), None)
+        if tooled is not None:
+            out.skipped = (f"{dataset} row {tooled} carries tools and the target's chat template has no tool "
+                           "support (it does not print tool calls): set data.chat_template to the model's "
+                           "tool-calling template (a Jinja file) to evaluate this set")  # fmt: skip
+            return out
     for number, data, error in rows:
         if limit is not None and len(out.ids) >= limit:
             break
@@ -162,7 +179,6 @@ class ModelledSpeedup(BaseModel):
     speedup: float
 
 
-
 def modelled_speedup(decoded: Sequence[Decoded], acceptance_length: float, target_step_s: float) -> ModelledSpeedup:
     """tau tokens per round at the cost of one verify forward and one round of drafting, against one token per plain
     decode forward; on a GPU t_verify ~ t_step (memory-bound), on a CPU it grows with k."""
@@ -175,6 +191,17 @@ def modelled_speedup(decoded: Sequence[Decoded], acceptance_length: float, targe
         acceptance_length=acceptance_length, target_step_s=target_step_s, verify_s=verify.mean, draft_s=draft.mean,
         speedup=acceptance_length * target_step_s / cost if cost > 0 else 0.0,
     )  # fmt: skip
+
+
+class SkippedSet(BaseModel):
+    """An evaluation set left out for this target (EvalPrompts.skipped): a tool-call set on a template without
+    tool support."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    kind: str
+    dataset: str
+    reason: str
 
 
 class OfflineEvalResult(BaseModel):
@@ -215,6 +242,18 @@ class OfflineEvalResult(BaseModel):
     runs: list[OfflineEvalResult] = Field(
         default_factory=list, description="eval/offline.json: every (set, k); the top level repeats the first"
     )
+    skipped: list[SkippedSet] = Field(
+        default_factory=list, description="the sets not evaluated with this target, each with its reason"
+    )
+
+
+def evaluated(sets: Sequence[EvalPrompts]) -> list[EvalPrompts]:
+    """The sets decoded with this target (the skipped ones left out); at least one."""
+    out = [s for s in sets if s.skipped is None]
+    if not out:
+        reasons = "; ".join(f"{s.name}: {s.skipped}" for s in sets)
+        raise EvalError(f"no evaluation set can be evaluated with this target ({reasons})")
+    return out
 
 
 #: Context-length buckets of the evaluation artifact (prompt tokens): acceptance falls with context for drafts that
@@ -423,9 +462,12 @@ def offline_sets(
     progress: ProgressFn = no_progress,
 ) -> OfflineEvalResult:
     """Acceptance on every set at every chain length: the first set at the first k at the top level, all of them
-    (set by set, k by k) in `runs`. `dtype` is the target's (evaluate.offline_dtype)."""
+    (set by set, k by k) in `runs`, the skipped sets (EvalPrompts.skipped) in `skipped`. `dtype` is the target's
+    (evaluate.offline_dtype)."""
     start = time.monotonic()
-    if not sets or any(not s.ids for s in sets):
+    skipped = [SkippedSet(name=s.name, kind=s.kind, dataset=s.dataset, reason=s.skipped) for s in sets if s.skipped]
+    sets = evaluated(sets)
+    if any(not s.ids for s in sets):
         raise EvalError("no prompts to evaluate")
     if isinstance(run_dir_or_aux_layers, str | Path):
         store_layers = aux_layers_of(Path(run_dir_or_aux_layers))
@@ -458,7 +500,7 @@ def offline_sets(
                 elapsed_s=time.monotonic() - set_start, set_name=one.name, set_kind=one.kind, dataset=one.dataset,
             ))  # fmt: skip
     counter.finish()
-    return runs[0].model_copy(update={"runs": runs, "elapsed_s": time.monotonic() - start})
+    return runs[0].model_copy(update={"runs": runs, "skipped": skipped, "elapsed_s": time.monotonic() - start})
 
 
 def run_of(result: OfflineEvalResult, set_name: str, steps: int) -> OfflineEvalResult | None:

@@ -263,7 +263,9 @@ def test_per_category_acceptance_of_a_stub_draft_adds_up_to_its_prompts_rounds(
 
 
 @pytest.mark.slow  # the demo model
-def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them(demo_model: Path, tmp_path: Path) -> None:
+def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them_and_the_skipped_one(
+    demo_model: Path, tmp_path: Path
+) -> None:
     ckpt = write_draft_checkpoint(demo_model, tmp_path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -277,9 +279,13 @@ def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them(de
         "sets": [{"name": "varied", "dataset": str(REPO / "data" / "eval_varied_prompts.jsonl"), "kind": "varied",
                   "num_prompts": 2},
                  {"name": "humaneval", "dataset": HUMANEVAL, "format": "humaneval", "kind": "public",
-                  "num_prompts": 1}],
+                  "num_prompts": 1},
+                 {"name": "tool-calls", "dataset": str(REPO / "data" / "eval_tool_calls.jsonl"), "kind": "agentic"}],
     })  # fmt: skip
     result = evaluate_offline(cfg, run_dir, demo_model, ckpt.parent)
+    # SmolLM2's template prints no tool calls: the tool-call set is recorded as skipped, not decoded
+    assert [(s.name, s.kind) for s in result.skipped] == [("tool-calls", "agentic")]
+    assert "has no tool support" in result.skipped[0].reason
     assert [(r.set_name, r.set_kind, r.steps, r.num_prompts) for r in result.runs] == [
         ("varied", "varied", 3, 2), ("varied", "varied", 5, 2),
         ("humaneval", "public", 3, 1), ("humaneval", "public", 5, 1),
@@ -292,3 +298,4 @@ def test_every_named_set_is_reported_at_k3_and_k5_and_offline_json_lists_them(de
     assert (result.set_name, result.steps) == ("varied", 3)  # the top level is the first set at draft_steps
     written = OfflineEvalResult.model_validate(read_json(run_dir / "eval" / "offline.json"))
     assert written.format == "eagle3-eval-offline/3" and written.runs == result.runs
+    assert written.skipped == result.skipped

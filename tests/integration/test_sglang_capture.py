@@ -4,6 +4,7 @@ to start on 2 cores): parity with the transformers forward, chunked prefill, win
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -132,17 +133,43 @@ def test_dumps_match_the_hf_forward_per_token_and_not_the_neighbouring_layers(
     assert float(last.median()) < 0.03 and float(last.max()) < 0.2, (last.median(), last.max())
 
 
-def test_chunked_prefill_of_a_long_prompt_gives_the_one_pass_data(
-    env: dict[str, Any], samples: list[PreparedSample], demo_model: Path
+def multi_turn(demo_tokenizer: Any, turns: int) -> str:
+    """A conversation of `turns` user/assistant rounds in SmolLM2's chat template (about 60 tokens a round)."""
+    messages = []
+    for t in range(turns):
+        messages += [
+            {"role": "user", "content": f"Step {t}: what does the draft do when the target rejects token {t}?"},
+            {"role": "assistant", "content": f"It drops token {t} and every token after it, takes the target's own "
+                                             "token there, and drafts again from that point on."},
+        ]  # fmt: skip
+    text = demo_tokenizer.apply_chat_template(messages, tokenize=False)
+    assert isinstance(text, str)
+    return text
+
+
+def test_chunked_prefill_of_long_prompts_gives_the_one_pass_data(
+    env: dict[str, Any], samples: list[PreparedSample], demo_model: Path, demo_tokenizer: Any
 ) -> None:
-    """The server runs with --chunked-prefill-size 16: the long sample reaches the hook in >= 7 chunks;
-    the transformers engine computes it in one pass."""
+    """The server runs with --chunked-prefill-size 16: the long samples (the 106-token text and a ~300-token
+    multi-turn conversation) reach the hook in 7 and 19+ chunks (SGLang's own log says so), which it stitches in
+    order into what the transformers engine computes in one pass."""
     from eagle3.extract.engines.transformers_engine import TransformersEngine
 
-    long = [s for s in samples if len(s) > 100]
-    assert env["cfg"].server.chunked_prefill_size == 16 and long
+    chunk = env["cfg"].server.chunked_prefill_size
+    conversation = prepared(demo_tokenizer, [multi_turn(demo_tokenizer, 5)])[0]
+    conversation = PreparedSample("conversation", conversation.input_ids, conversation.loss_mask, "test:conversation")
+    long = [s for s in samples if len(s) > 100] + [conversation]
+    assert chunk == 16 and len(long) == 2 and len(long[1]) > 250
     ref = {o.sample.sample_id: o for o in TransformersEngine(demo_model, device="cpu").extract(long)}
+    log = env["server"].log_path
+    before = log.stat().st_size
     got = collect(engine_for(env, "chunked"), long)
+    with log.open("rb") as f:
+        f.seek(before)
+        prefills = [int(n) for n in re.findall(rb"Prefill batch, #new-seq: \d+, #new-token: (\d+)", f.read())]
+    # one request at a time (window 1): each is prefilled in ceil(T / 16) forwards of at most 16 new tokens
+    assert max(prefills) == chunk and sum(prefills) >= sum(len(s) for s in long)
+    assert len(prefills) >= sum(-(-len(s) // chunk) for s in long)
     for s in long:
         g, r = got[s.sample_id], ref[s.sample_id]
         for k in range(len(AUX)):

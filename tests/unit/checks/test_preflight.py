@@ -384,3 +384,31 @@ def test_a_chain_longer_than_a_block_drafter_drafts_is_refused_naming_the_keys(t
         check_run(cfg, model)
     check_run(config(tmp_path, stages=["export", "evaluate"], train={"method": "dflash", "block_size": 6},
                      evaluate={"draft_steps": 3, "compare_steps": [3, 5]}), model)  # fmt: skip
+
+
+def test_a_data_max_length_longer_than_the_sglang_server_takes_is_refused_before_the_first_stage(
+    tmp_path: Path, model: Path
+) -> None:
+    """SGLang refuses a prompt of min(context, KV pool) - 6 tokens or more: extraction would fail those samples after
+    prepare and synthesize ran, so a data.max_length above that is refused up front, naming the bound."""
+
+    def cfg(max_length: int, **server: Any) -> PipelineConfig:
+        return config(tmp_path, data={"dataset": "d", "max_length": max_length},
+                      server={"engine": "sglang", "device": "cpu", **server})  # fmt: skip
+
+    with pytest.raises(PreflightError) as e:
+        check_stages(cfg(4096, max_total_tokens=4096), model, **NO_GPU)
+    assert ("data.max_length: 4096, but the SGLang server takes prompts of at most 4089 tokens "
+            "(server.max_total_tokens (its KV pool): 4096, less the 7 SGLang holds back)") in str(e.value)  # fmt: skip
+    check_stages(cfg(4089, max_total_tokens=4096), model, **NO_GPU)
+    check_stages(cfg(4096), model, **NO_GPU)  # no pool size and no context: nothing known before the server starts
+    check_stages(cfg(4096, max_total_tokens=4096, url="http://h:1"), model, **NO_GPU)  # attached: its own limits
+    transformers = config(tmp_path, data={"dataset": "d", "max_length": 1 << 20}, server={"engine": "transformers"})
+    check_stages(transformers, model, **NO_GPU)
+
+    facts = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**facts, "max_position_embeddings": 2048}))
+    with pytest.raises(PreflightError, match=r"at most 2041 tokens \(the target's context \(max_position_embeddings"):
+        check_stages(cfg(2048, max_total_tokens=16384), model, **NO_GPU)
+    with pytest.raises(PreflightError, match=r"at most 505 tokens \(--context-length in server.extra_args: 512,"):
+        check_stages(cfg(1024, extra_args=["--context-length", "512"]), model, **NO_GPU)

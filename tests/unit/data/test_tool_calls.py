@@ -416,3 +416,30 @@ def test_the_offline_evaluator_loads_the_tool_call_set_with_each_rows_tools(qwen
     for ids in loaded.ids:
         text = qwen3.tokenizer.decode(ids)
         assert "<tools>" in text and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_the_default_tool_call_set_is_skipped_with_its_reason_where_the_template_has_no_tools(
+    plain: ChatTokenizer, qwen3: ChatTokenizer
+) -> None:
+    """configs/demo.yaml's tool-call set: on SmolLM2's own template (no tool support) the set is skipped with a
+    reason naming the row and the fix, and the other sets still load; on a template with tools it loads."""
+    from eagle3.config import load_config
+    from eagle3.data.eval_sets import EvalError
+    from eagle3.evaluate.offline import evaluated, load_eval_set
+
+    sets = load_config(ASSETS.parents[1] / "configs" / "demo.yaml").evaluate.eval_sets()
+    tool = next(s for s in sets if s.name == "tool-calls")
+    assert sets[-1] == tool and tool.dataset == "data/eval_tool_calls.jsonl"  # last: never the first (live) set
+    dataset = str(ASSETS.parents[1] / tool.dataset)
+    skipped = load_eval_set(tool.name, dataset, plain, limit=tool.num_prompts, kind=tool.kind)
+    assert skipped.ids == [] and skipped.skipped is not None
+    assert skipped.skipped.startswith(f"{dataset} row 0 carries tools and the target's chat template has no tool")
+    assert skipped.skipped.endswith("set data.chat_template to the model's tool-calling template (a Jinja file) "
+                                    "to evaluate this set")  # fmt: skip
+    varied = load_eval_set("varied", str(ASSETS.parents[1] / "data" / "eval_varied_prompts.jsonl"), plain, limit=2)
+    assert varied.skipped is None and len(varied.ids) == 2
+    assert evaluated([skipped, varied]) == [varied]
+    with pytest.raises(EvalError, match=r"no evaluation set can be evaluated with this target \(tool-calls: "):
+        evaluated([skipped])
+    loaded = load_eval_set(tool.name, dataset, qwen3, limit=tool.num_prompts, kind=tool.kind)
+    assert loaded.skipped is None and len(loaded.ids) == tool.num_prompts

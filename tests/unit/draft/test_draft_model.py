@@ -308,3 +308,22 @@ def test_a_target_with_another_activation_gets_a_silu_draft_and_says_so() -> Non
     assert cfg == DraftConfig.from_target(TARGET, num_aux=3, draft_vocab_size=40)
     assert "target hidden_act 'xielu': the draft's MLP uses silu" in cfg.note
     assert cfg.llama_config()["hidden_act"] == "silu"
+
+
+@pytest.mark.parametrize("budget", [1 << 23, 4 * 40 * 3])  # blocks of the row's `block`; of 3 queries (the budget)
+def test_blocked_dense_attention_equals_one_product_in_outputs_and_gradients(budget: int) -> None:
+    """A row longer than dense_attend's block goes by blocks of queries under checkpointing (fewer queries a block
+    for a long row, its scores within the budget): the same outputs, log-sum-exps and gradients as one product, for a
+    row of several documents and grouped KV heads."""
+    torch.manual_seed(0)
+    doc = torch.tensor([0] * 13 + [1] * 20 + [2] * 7)  # 40 tokens, three documents
+    q0, k0, v0 = torch.randn(40, 4, 8), torch.randn(40, 2, 8), torch.randn(40, 2, 8)
+
+    def run(block: int) -> list[torch.Tensor]:
+        q, k, v = (x.clone().requires_grad_() for x in (q0, k0, v0))
+        out, lse = dense_attend(doc, block=block, scores_budget=budget, min_block=3)(q, k, v)
+        (out.square().sum() + lse.sum()).backward()
+        return [out, lse, q.grad, k.grad, v.grad]  # type: ignore[list-item]
+
+    for got, want in zip(run(8), run(40), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,7 @@ from eagle3.evaluate.offline import (
     EvalPrompts,
     OfflineEvalResult,
     PositionStats,
+    SkippedSet,
     write_offline_result,
 )
 from eagle3.store.run_store import RunInfo, RunStore
@@ -31,6 +32,20 @@ def offline() -> OfflineEvalResult:
         identical_to_greedy=4, mismatched_prompts=[], greedy_tokens_per_s=100.0, speculative_tokens_per_s=150.0,
         speedup=1.5, greedy_s=1.0, speculative_s=0.7, elapsed_s=2.0, per_prompt=[],
     )  # fmt: skip
+
+
+def stored_run(root: Path) -> Path:
+    """A run directory's run.json and a checkpoint (resolve_checkpoint: a directory holding model.safetensors)."""
+    ckpt = root / "train"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"w")
+    RunStore(root).write_run_info(
+        RunInfo(model_path="m", model_sha256="s", tokenizer_sha256="t", engine="transformers", engine_version="0",
+                dtype="bfloat16", hidden_size=8, num_layers=4, vocab_size=32, aux_layers=[1, 2, 3],
+                engine_layer_ids=[1, 2, 3], engine_layer_convention="hf_hidden_states", dataset_fingerprint="d",
+                versions={}, config={})
+    )  # fmt: skip
+    return ckpt
 
 
 def live(speed_up: float) -> LiveEvalResult:
@@ -97,15 +112,7 @@ def test_a_faster_draft_passes_and_the_table_carries_its_numbers() -> None:
 def test_a_stored_offline_result_is_reused_only_for_the_same_checkpoint_settings_and_target_dtype(
     tmp_path: Path,
 ) -> None:
-    ckpt = tmp_path / "train"  # resolve_checkpoint: a directory holding model.safetensors is the checkpoint
-    ckpt.mkdir()
-    (ckpt / "model.safetensors").write_bytes(b"w")
-    RunStore(tmp_path).write_run_info(
-        RunInfo(model_path="m", model_sha256="s", tokenizer_sha256="t", engine="transformers", engine_version="0",
-                dtype="bfloat16", hidden_size=8, num_layers=4, vocab_size=32, aux_layers=[1, 2, 3],
-                engine_layer_ids=[1, 2, 3], engine_layer_convention="hf_hidden_states", dataset_fingerprint="d",
-                versions={}, config={})
-    )  # fmt: skip
+    ckpt = stored_run(tmp_path)
     one = offline().model_copy(update={"checkpoint": str(ckpt), "dtype": "float32"})
     write_offline_result(tmp_path, one.model_copy(update={"runs": [one, one.model_copy(update={"steps": 5})]}))
     cpu: dict[str, Any] = {"run_dir": str(tmp_path)}
@@ -140,3 +147,23 @@ def test_the_artifact_shows_every_set_at_every_chain_length_side_by_side_with_ca
     assert "| varied | varied hand-written | 4 | 5 | 2.500 |" in text
     assert "| humaneval | public | 4 | 3 | 1.700 |" in text
     assert "| varied | 3 | maths | 2 | 1.500 | 0.50 |" in text
+
+
+def test_a_skipped_set_is_listed_with_its_reason_and_left_out_of_the_reuse_check(tmp_path: Path) -> None:
+    """A set not evaluated with this target (a tool-call set on a template without tools) is named in the artifact
+    with its reason; a stored result still matches the sets that were evaluated."""
+    reason = "data/eval_tool_calls.jsonl row 1 carries tools and the target's chat template has no tool support"
+    skipped = SkippedSet(name="tool-calls", kind="agentic (tool calls)", dataset="d", reason=reason)
+    base = offline()
+    off = base.model_copy(update={"runs": [base], "skipped": [skipped]})
+    text = evaluation_markdown(PipelineConfig(), EvalSummary(offline=off, live=live(1.8)))
+    assert f"- `tool-calls` (agentic (tool calls)): {reason}" in text
+
+    ckpt = stored_run(tmp_path)
+    one = base.model_copy(update={"checkpoint": str(ckpt), "dtype": "float32"})
+    write_offline_result(tmp_path, one.model_copy(update={"runs": [one], "skipped": [skipped]}))
+    cfg = PipelineConfig.model_validate({"run_dir": str(tmp_path), "evaluate": {"device": "cpu", "max_new_tokens": 32,
+                                                                                "compare_steps": [3]}})  # fmt: skip
+    sets = [EvalPrompts("held-out", "held-out", "d.jsonl", [[1]] * 4, [None] * 4),
+            EvalPrompts("tool-calls", "agentic (tool calls)", "d", [], [], skipped=reason)]  # fmt: skip
+    assert previous_offline(cfg, sets) is not None
