@@ -41,7 +41,8 @@ from eagle3.draft.dflash.model import DFlashDraft
 from eagle3.draft.distill import DraftLoss, TargetDist
 from eagle3.draft.layers import FLEX_BLOCK, as_block_mask
 
-#: DFlash's decay constant per block size (its paper: gamma 7 for blocks of 16, 5 for 10, 4 for 8); other sizes
+#: DFlash's decay constant per block size (gamma 7 for blocks of 16, 5 for 10, 4 for 8: the values its public training
+#: scripts give; DeepSpec trains DSpark with 4 for 7 drafted tokens, our block_size 8); other sizes
 #: interpolate as B / 2.
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -107,9 +108,19 @@ def flex_block_mask(doc: Tensor, anchors: Tensor, queries: int) -> Any:
     return as_block_mask(blocks, block_rule, m, n + m)
 
 
-def _ce(model: DFlashDraft, rows: Tensor, latent: Tensor | None, labels: Tensor) -> tuple[Tensor, Tensor]:
+def _terms(
+    model: DFlashDraft, rows: Tensor, latent: Tensor | None, labels: Tensor, target_rows: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One chunk of drafted positions: (cross-entropy against the target's token [c], the draft's argmax [c], the L1
+    distance between the draft's and the target's distributions over the whole vocabulary [c], zeros without
+    `target_rows`, the target's final states there)."""
     logits = model.step_logits(rows, latent).float()  # [c, V]
-    return F.cross_entropy(logits, labels, reduction="none"), logits.argmax(-1)
+    ce = F.cross_entropy(logits, labels, reduction="none")
+    if target_rows is None:
+        return ce, logits.argmax(-1), torch.zeros_like(ce)
+    with torch.no_grad():
+        target = torch.softmax((target_rows.to(model.lm_head.dtype) @ model.lm_head.T).float(), dim=-1)
+    return ce, logits.argmax(-1), (torch.softmax(logits, dim=-1) - target).abs().sum(-1)
 
 
 def block_loss(
@@ -121,8 +132,9 @@ def block_loss(
     target: TargetDist,
     chunk_tokens: int,
 ) -> DraftLoss:
-    """out [A, Q, H] (DFlashDraft.forward) -> DraftLoss over the B - 1 drafted positions (plus the draft's side
-    loss, DSpark's confidence, weighted alike)."""
+    """out [A, Q, H] (DFlashDraft.forward) -> DraftLoss over the B - 1 drafted positions: per position i, the draft's
+    mix (DFlashDraft.loss_mix: DFlash cross-entropy alone; DSpark DeepSpec's 0.1 x CE + 0.9 x L1 to the target's
+    distribution + 1.0 x its confidence head's BCE), weighted by position_weights."""
     n, b = batch.input_ids.shape[0], model.block_size
     s = b - 1
     i = torch.arange(1, b, device=anchors.device)
@@ -134,24 +146,34 @@ def block_loss(
     prev = batch.input_ids[safe - 1]  # [A, S] the token before it (the anchor for the first)
     drafting = model.drafting_rows(out)  # [A, S, H]
     latents = model.step_latents(drafting, prev)  # [A, S, r] (DSpark's Markov head, teacher-forced) or None
+    mix = model.loss_mix
+    # the target's final state before each drafted token: its distribution there (for the L1 and confidence terms)
+    t_rows = batch.last_hidden[safe - 1].reshape(-1, batch.last_hidden.shape[-1]) if mix.needs_target else None
     flat_rows, flat_prev, flat_labels = drafting.reshape(-1, out.shape[-1]), prev.flatten(), labels.flatten()
     flat_latents = None if latents is None else latents.reshape(flat_rows.shape[0], -1)
-    ce_parts, pred_parts = [], []
+    parts: list[tuple[Tensor, Tensor, Tensor]] = []
     for a in range(0, flat_rows.shape[0], chunk_tokens):  # [chunk, V] logits at a time, recomputed in backward
         c = slice(a, a + chunk_tokens)
         lat = None if flat_latents is None else flat_latents[c]
-        ce, pred = checkpoint(_ce, model, flat_rows[c], lat, flat_labels[c], use_reentrant=False)
-        ce_parts.append(ce)
-        pred_parts.append(pred)
-    ce = torch.cat(ce_parts).view(-1, s) if ce_parts else out.new_zeros(0, s, dtype=torch.float32)
-    pred = torch.cat(pred_parts).view(-1, s) if pred_parts else labels
+        trow = None if t_rows is None else t_rows[c]
+        parts.append(checkpoint(_terms, model, flat_rows[c], lat, flat_labels[c], trow, use_reentrant=False))
+    if parts:
+        ce, pred, l1 = (torch.cat(t).view(-1, s) for t in zip(*parts, strict=True))
+    else:
+        ce = l1 = out.new_zeros(0, s, dtype=torch.float32)
+        pred = labels
     hit = (pred == labels) & label  # [A, S]
-    side = model.side_loss(flat_rows, flat_prev, hit.flatten()).view(-1, s)
+    accept = (1.0 - 0.5 * l1.detach()).clamp(0.0, 1.0)  # the sampled acceptance rate: 1 - total variation
+    side = model.side_loss(flat_rows, flat_prev, accept.flatten()).view(-1, s)
     w = label.float()
-    per_pos = (ce * w).sum(0) / w.sum(0).clamp(min=1.0)  # [S]
-    side_pos = (side * w).sum(0) / w.sum(0).clamp(min=1.0)
+
+    def per_position(x: Tensor) -> Tensor:
+        return (x * w).sum(0) / w.sum(0).clamp(min=1.0)  # [S]
+
+    per_pos = per_position(ce)
+    mixed = mix.ce * per_pos + mix.l1 * per_position(l1) + mix.confidence * per_position(side)
     weights = torch.tensor(position_weights(b), device=out.device)
-    total = (weights * (per_pos + side_pos)).sum()
+    total = (weights * mixed).sum()
     correct = torch.zeros(s, n, dtype=torch.bool, device=out.device)
     labelled = torch.zeros(s, n, dtype=torch.bool, device=out.device)
     correct[:, anchors[real]], labelled[:, anchors[real]] = hit[real].T, label[real].T

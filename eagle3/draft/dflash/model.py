@@ -23,6 +23,8 @@ norm(h_i) @ lm_head.T, drafts x[p+i].
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -81,7 +83,23 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+@dataclass(frozen=True)
+class LossMix:
+    """A block drafter's objective per drafted position (eagle3/draft/dflash/loss.py): ce x the cross-entropy against
+    the target's token, l1 x the L1 distance to the target's distribution, confidence x the confidence head's loss."""
+
+    ce: float = 1.0
+    l1: float = 0.0
+    confidence: float = 0.0
+
+    @property
+    def needs_target(self) -> bool:
+        """Whether the loss reads the target's whole distribution at the drafted positions."""
+        return self.l1 > 0 or self.confidence > 0
+
+
 class DFlashDraft(nn.Module):
+    loss_mix = LossMix()  # DFlash: the position-weighted cross-entropy alone
     d2t: Tensor  # buffers, typed for the checker
     t2d: Tensor
     inv_freq: Tensor
@@ -197,8 +215,9 @@ class DFlashDraft(nn.Module):
         """Drafting rows [M, H] and their step_latents [M, r] (or None) -> logits [M, V]."""
         return self.logits(rows)
 
-    def side_loss(self, rows: Tensor, prev: Tensor, hit: Tensor) -> Tensor:
-        """An auxiliary loss per drafted position [M] (DSpark's confidence head); DFlash has none."""
+    def side_loss(self, rows: Tensor, prev: Tensor, accept: Tensor) -> Tensor:
+        """An auxiliary loss per drafted position [M] against the probability the drafted token is accepted (DSpark's
+        confidence head); DFlash has none."""
         return rows.new_zeros(rows.shape[0], dtype=torch.float32)
 
     def draft(self, rows: Tensor, anchor: int) -> list[int]:

@@ -22,11 +22,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eagle3.draft.dflash.model import DFlashDraft
+from eagle3.draft.dflash.model import DFlashDraft, LossMix
 from eagle3.draft.shape import DraftConfig
 
-#: The confidence head's loss weight beside the token loss (our choice; the published mix was not read here).
-CONFIDENCE_WEIGHT = 0.1
+#: DeepSeek's published mix (DeepSpec, config/dspark/*.py and deepspec/modeling/dspark/loss.py): 0.1 x the
+#: cross-entropy, 0.9 x the L1 distance to the target's distribution, 1.0 x the confidence head's BCE against the
+#: sampled acceptance rate 1 - TV(draft, target); position weights exp(-p / gamma), gamma 4 for 7 drafted tokens.
+PUBLISHED_MIX = LossMix(ce=0.1, l1=0.9, confidence=1.0)
 
 
 class MarkovHead(nn.Module):
@@ -100,6 +102,8 @@ class ConfidenceHead(nn.Module):
 
 
 class DSparkDraft(DFlashDraft):
+    loss_mix = PUBLISHED_MIX
+
     def __init__(
         self,
         cfg: DraftConfig,
@@ -131,10 +135,10 @@ class DSparkDraft(DFlashDraft):
         assert latent is not None, "DSpark's step logits need step_latents"
         return self.logits(rows) + self.markov_head.bias(latent).to(rows.dtype)
 
-    def side_loss(self, rows: Tensor, prev: Tensor, hit: Tensor) -> Tensor:
-        """The confidence head's binary cross-entropy against whether the step's argmax is the target's token."""
+    def side_loss(self, rows: Tensor, prev: Tensor, accept: Tensor) -> Tensor:
+        """The confidence head's binary cross-entropy against the step's acceptance rate (DeepSpec's target)."""
         raw = self.confidence_head(rows, self.markov_head.markov_w1(prev))
-        return CONFIDENCE_WEIGHT * F.binary_cross_entropy_with_logits(raw.float(), hit.float(), reduction="none")
+        return F.binary_cross_entropy_with_logits(raw.float(), accept.float(), reduction="none")
 
     def draft(self, rows: Tensor, anchor: int) -> list[int]:
         out, prev = [], torch.tensor([anchor], device=rows.device)
