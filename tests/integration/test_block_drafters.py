@@ -224,3 +224,33 @@ def test_speculative_decoding_with_a_block_draft_is_identical_to_greedy(
     assert result.method == method and result.aux_layers == layers
     assert result.identical_to_greedy == 2 and result.mismatched_prompts == []
     assert 1.0 <= result.acceptance_length <= BLOCK and result.rounds >= 2
+
+
+def test_speculators_own_converter_takes_the_dflash_export_and_loads_it_back(
+    store: Path, trained: tuple[str, Path], tmp_path: Path
+) -> None:
+    """speculators (pinned in .venv-speculators) has a DFlash layout and a converter from the SGLang / z-lab layout our
+    export writes: its DFlashConverter, validate on, reads the export with the target beside it and loads the result
+    with its own DFlashDraftModel.from_pretrained; its config names the store's layers and the block. DSpark: no
+    converter in speculators (the export's note says so)."""
+    from bench.peers.speculators_peer import PYTHON as SPECULATORS_PYTHON
+
+    method, out_dir = trained
+    if method != "dflash":
+        pytest.skip("speculators converts DFlash checkpoints only")
+    if not SPECULATORS_PYTHON.is_file():
+        pytest.skip(f"speculators' environment is absent ({SPECULATORS_PYTHON}): `make speculators-env` builds it")
+    result = export_draft(out_dir, store / "store", store / "target", tmp_path / "draft")
+    script = (
+        "import sys\nfrom speculators.convert.dflash.converter import DFlashConverter\n"
+        "DFlashConverter().convert(sys.argv[1], sys.argv[2], base_model=sys.argv[3], validate=True)\n"
+    )
+    proc = subprocess.run(
+        [str(SPECULATORS_PYTHON), "-c", script, str(tmp_path / "draft"), str(tmp_path / "spec"), str(store / "target")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    config = read_json(tmp_path / "spec" / "config.json")
+    assert config["speculators_model_type"] == "dflash" and config["block_size"] == BLOCK
+    assert config["aux_hidden_state_layer_ids"] == [x for x in result.aux_layers if x != SPEC.num_layers]
+    assert any("speculators" in n and "DFlashConverter" in n for n in result.notes)

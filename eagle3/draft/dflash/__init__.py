@@ -75,8 +75,9 @@ class DFlashMethod:
     algorithm = "DFLASH"
     capture: Literal["eagle3", "dflash"] = "dflash"
     speculators_note = (
-        "speculators' DFlash layout (SGLang's DFlashLagunaForCausalLM loads one) is not written: its keys were not "
-        "checked against speculators' source here; serve the SGLang directory"
+        "speculators 0.9 converts this directory itself: speculators.convert.entrypoints.convert_model(model=<this "
+        "directory>, verifier=<the target>, algorithm='dflash') (DFlashConverter; tests/integration/"
+        "test_block_drafters.py loads the result back)"
     )
 
     def layers(self, store_layers: Sequence[int], num_layers: int, requested: Sequence[int] | None) -> list[int]:

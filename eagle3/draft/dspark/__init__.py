@@ -29,7 +29,10 @@ if TYPE_CHECKING:
 class DSparkMethod(DFlashMethod):
     name = "dspark"
     algorithm = "DSPARK"
-    speculators_note = "speculators' format has no DSpark layout we could check here; serve the SGLang directory"
+    speculators_note = (
+        "speculators 0.9 has a DSpark model but no converter from SGLang's layout, and its keys were not checked here; "
+        "serve the SGLang directory"
+    )
 
     def build(
         self,
