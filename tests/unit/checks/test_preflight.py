@@ -300,6 +300,9 @@ def test_a_device_set_to_cuda_on_a_worker_without_one_is_refused_naming_each_key
     transformers = config(tmp_path, ["extract"], server=cuda)  # the engine in this process: torch's view
     with pytest.raises(PreflightError, match=r"server.device: cuda.*server.engine transformers"):
         check_stages(transformers, model, cuda=lambda: False, gpu_node=lambda: True)
+    check_stages(transformers, model, on_nodes=True, **NO_GPU)  # a fan-out: its nodes check their own devices
+    with pytest.raises(PreflightError, match=r"extract\.aux_layers \[2, 6, 13\]: \[13\] out of range"):
+        check_run(config(tmp_path, ["extract"], server=cuda, extract={"aux_layers": [2, 6, 13]}), model, on_nodes=True)
 
 
 def test_train_without_convert_is_refused_when_the_vocabulary_map_does_not_fit_or_is_missing(
