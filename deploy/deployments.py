@@ -4,7 +4,8 @@
     global concurrency limit `gpu`   sized to this node (nvidia-smi, at least 1; --gpus to set it)
     deployments                      deploy/prefect.yaml, by entrypoint, source = this project directory; each
                                      form titles and describes every parameter, requires its own
-                                     `config.run_dir` and shows only its `config_form` keys
+                                     `config.run_dir` and shows only its `config_form` keys (and no
+                                     `form_hidden` parameter)
     automation "crash-zombie-runs"   a Running flow run whose heartbeats stop is marked Crashed (open-source
                                      Prefect does not ship it), so it no longer holds its concurrency slots
     example automations              deploy/automations/*.yaml, created disabled; enable them in the UI
@@ -172,11 +173,20 @@ def form_schema(flow: Any, d: dict[str, Any]) -> Any:
     (descriptions come from the flow docstring's `Args:` section), `config.run_dir` required and empty (a run
     started without edits never lands in another run's store), and, with `config_form` in the spec, only
     those config keys (the others keep their defaults; a caller may still pass them). `form_note`: a sentence put
-    first in the `config` description, which the Run form shows (the Description tab is not on the form)."""
+    first in the `config` description, which the Run form shows (the Description tab is not on the form).
+    `form_hidden`: flow parameters the form leaves out (a fan-out's child deployment and poll interval: they keep
+    their defaults; `--params` and a parent flow still pass them, the schema allows other keys)."""
     from prefect.utilities.callables import parameter_schema
 
     where = f"deployment {d['name']!r} ({d['entrypoint']})"
     schema = parameter_schema(flow.fn)
+    hidden = d.get("form_hidden") or []
+    if unknown := sorted(set(hidden) - set(schema.properties)):
+        raise SpecError(f"{where}: form_hidden names parameters the flow does not have: {unknown}")
+    if required := sorted(set(hidden) & set(schema.required or [])):
+        raise SpecError(f"{where}: form_hidden names required parameters: {required}")
+    for name in hidden:
+        del schema.properties[name]
     for name, prop in schema.properties.items():
         if not prop.get("description"):
             raise SpecError(f"{where}: parameter {name!r} has no description; add it to the flow's `Args:` docstring")

@@ -7,7 +7,6 @@ from prefect.states import State
 
 from eagle3.config import PipelineConfig
 from flows.extract import EXTRACT_NODE_DEPLOYMENT
-from tasks.deployment_config import deployment_config
 from tasks.extract.fanout import (
     FanoutSummary,
     fanout_outcome,
@@ -16,6 +15,8 @@ from tasks.extract.fanout import (
     watch_children_task,
 )
 from tasks.failure import reports_failure
+from tasks.flow_start import start_flow
+from tasks.preflight import preflight_task
 from tasks.progress import ENDS_PROGRESS
 
 
@@ -29,8 +30,9 @@ def extract_fanout_flow(
     deployment: str = EXTRACT_NODE_DEPLOYMENT,
     poll_s: float = 10.0,
 ) -> FanoutSummary | State:
-    """start one child flow run of `deployment` per node ─► watch: one progress/ETA over the store ─► wait for every
-    child ─► table of children and the shards each extracted ─► Failed if a child failed or a shard is not complete
+    """preflight ─► start one child flow run of `deployment` per node ─► watch: one progress/ETA over the store ─►
+    wait for every child ─► table of children and the shards each extracted ─► Failed if a child failed or a shard
+    is not complete
 
     `work_queues`: one child per queue; start each node's worker with `--work-queue <its queue>` so every node
     runs exactly one child. Without it, `nodes` children go to the deployment's queue (any worker may take
@@ -47,7 +49,10 @@ def extract_fanout_flow(
         deployment: The deployment each child runs (flow/deployment); it must share the run directory.
         poll_s: Seconds between looks at the store and the children (progress, ETA, their states).
     """
-    config, _ = deployment_config(config, overrides)  # a partial `config` keeps the deployment's own settings
+    config, model_dir, _ = start_flow(config, overrides)  # a partial `config` keeps the deployment's own settings
+    # What every node's extraction would refuse (the layers, SGLang serving, the store's records), refused before
+    # any node starts; each node checks its own devices.
+    preflight_task(config.model_copy(update={"stages": ["extract"]}), model_dir, on_nodes=True)
     queues: list[str | None] = list(work_queues) if work_queues else [None] * nodes
     children = launch_children_task(config, deployment, queues)
     watch_children_task(config, children, poll_s)

@@ -80,10 +80,9 @@ def train_flow(config: PipelineConfig, overrides: tuple[str, ...] = ()) -> str |
     live evaluation finds the draft slower than the plain target.
 
     Args:
-        config: The converted run directory to train on, the target model, and the train and evaluate settings
-            (eagle3/config/, docs/formats.md).
-        overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`
-            takes them; every key is in eagle3/config/ and docs/formats.md. Applied over `config`.
+        config: The converted store, the target model, and the train and evaluate settings.
+        overrides: Any other setting, one `key.sub=value` per line (e.g. `evaluate.num_prompts=4`), as `eagle3 run
+            --set` takes them (eagle3/config/, docs/formats.md). Applied over `config`.
     """
     config, model_dir, sources = start_flow(config, overrides)  # a partial `config` keeps the deployment's settings
     stages_preflight_task(config, model_dir, [s for s in config.stages if s in DRAFT_STAGES])  # before training

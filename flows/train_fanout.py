@@ -33,8 +33,7 @@ def train_fanout_flow(
     The pipeline and train flows do the same when `train.nodes` > 1.
 
     Args:
-        config: The converted run directory, the target model, the train settings (train.nodes, train.work_queues,
-            train.nproc per node; train.rdzv_endpoint: node 0's host, or host:port) and the evaluate settings.
+        config: The converted run directory, the target model, the train settings (per node) and the evaluate ones.
         deployment: The deployment each node runs (flow/deployment).
         poll_s: Seconds between looks at the metrics and the nodes' states.
         overrides: Any other setting, one `key.sub=value` per line (e.g. `train.max_steps=100`), as `eagle3 run --set`

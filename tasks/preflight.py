@@ -1,6 +1,7 @@
 """preflight: refuse before the first stage what a later stage would refuse (eagle3.checks.preflight.check_run); the
 flows other than the pipeline ask the same of the stages they run, on the worker they run on (check_stages: SGLang
-can serve what they make, the devices set to cuda are there, the vocabulary map fits train.draft_vocab_size)."""
+can serve what they make, the devices set to cuda are there, the vocabulary map fits train.draft_vocab_size); a
+fan-out asks check_run of its nodes' stages, less the devices, before it starts a node."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ PREFLIGHT_TIMEOUT_S = 10 * 60  # hashes the model directory's small files and re
 
 
 @task(name="preflight", retries=0, timeout_seconds=PREFLIGHT_TIMEOUT_S, cache_policy=NO_CACHE)
-def preflight_task(config: PipelineConfig, model_dir: str) -> None:
+def preflight_task(config: PipelineConfig, model_dir: str, on_nodes: bool = False) -> None:
     """Check the run's settings against each other, the model and the store's records; fails naming the keys and
-    the fix. Deterministic, so never retried."""
-    check_run(config, Path(model_dir))
+    the fix. `on_nodes`: the stages run on other workers (a fan-out's nodes), which check their own devices.
+    Deterministic, so never retried."""
+    check_run(config, Path(model_dir), on_nodes=on_nodes)
     get_run_logger().info("preflight: stages %s fit %s", config.stages, config.run_dir)
 
 

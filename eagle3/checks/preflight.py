@@ -8,7 +8,8 @@ fails in seconds naming the keys instead of at its third stage. It reads no samp
 
 Every flow asks, before its first stage, what its stages would refuse on the worker it runs on (`check_stages`;
 the pipeline's `check_run` includes it): SGLang can serve the draft (check_serving), a device set to `cuda` is there
-(device_problems), and the vocabulary map convert built fits `train.draft_vocab_size` (vocab_problems).
+(device_problems), and the vocabulary map convert built fits `train.draft_vocab_size` (vocab_problems). A fan-out,
+whose stages run on its nodes, asks `check_run` all but the devices (`on_nodes`): each node checks its own.
 """
 
 from __future__ import annotations
@@ -95,22 +96,26 @@ def check_stages(
     model_dir: Path,
     *,
     train_here: bool | None = None,
+    on_nodes: bool = False,
     cuda: Callable[[], bool] = torch_cuda_available,
     gpu_node: Callable[[], bool] = nvidia_smi_present,
 ) -> None:
     """What the stages of `cfg.stages` would refuse on this worker, refused before the first of them runs: SGLang
     serving (ServingRefusedError), then every device and vocabulary problem in one PreflightError naming the keys
     and the fix. `train_here`: whether training runs in this flow run's worker (None: when train.nodes is 1; the
-    nodes of a multi-node training check their own). `cuda`: this process's torch sees a GPU; `gpu_node`: the node
-    has one (a launched SGLang server's `auto`)."""
+    nodes of a multi-node training check their own). `on_nodes`: every stage runs on other workers (a fan-out's
+    nodes), which check their own devices. `cuda`: this process's torch sees a GPU; `gpu_node`: the node has one (a
+    launched SGLang server's `auto`)."""
     check_serving(cfg, model_dir)
     check_methods(cfg, model_dir)
     here = cfg.train.nodes == 1 if train_here is None else train_here
-    problems = device_problems(cfg, train_here=here, cuda=cuda, gpu_node=gpu_node) + vocab_problems(cfg)
+    devices = [] if on_nodes else device_problems(cfg, train_here=here, cuda=cuda, gpu_node=gpu_node)
+    problems = devices + vocab_problems(cfg)
     problems += launch_args_problems(cfg)
     problems += length_problems(cfg, model_dir)
     if problems:
-        raise PreflightError("Refused before the first stage, on this worker:\n  " + "\n  ".join(problems))
+        where = "" if on_nodes else ", on this worker"
+        raise PreflightError(f"Refused before the first stage{where}:\n  " + "\n  ".join(problems))
 
 
 def launch_args_problems(cfg: PipelineConfig) -> list[str]:
@@ -222,17 +227,17 @@ def vocab_problems(cfg: PipelineConfig) -> list[str]:
     ]
 
 
-def check_run(cfg: PipelineConfig, model_dir: Path) -> None:
+def check_run(cfg: PipelineConfig, model_dir: Path, *, on_nodes: bool = False) -> None:
     """Raise PreflightError (or the stage's own refusal: eagle3.data.synthesis_key.SynthesisMixError) naming every
     key in which this run differs from what the store's extracted samples were made with, or that this worker
-    cannot run (check_stages). A store with no extracted samples (no run.json) takes any settings: its stages
-    prepare again from scratch."""
+    cannot run (check_stages; `on_nodes`: the stages run on other workers, which check their own devices). A store
+    with no extracted samples (no run.json) takes any settings: its stages prepare again from scratch."""
     if "extract" in cfg.stages:  # the model's depth: refused here rather than once the engine starts
         try:
             resolve_aux_layers(cfg.extract.aux_layers, read_model_facts(model_dir).num_layers)
         except ValueError as e:
             raise PreflightError(f"{e}; model {model_dir}. Fix extract.aux_layers (or leave it unset).") from None
-    check_stages(cfg, model_dir)  # SGLang serving, the methods' layers, this worker's devices, the vocabulary map
+    check_stages(cfg, model_dir, on_nodes=on_nodes)  # SGLang serving, the methods' layers, devices, the vocabulary
     store = RunStore(cfg.run_dir)
     info = store.read_run_info()
     if info is None:

@@ -131,3 +131,12 @@ def page(browser: Any, served: Served, request: pytest.FixtureRequest) -> Iterat
             except Exception as e:  # a crashed page must not hide the test's own failure
                 print(f"no failure screenshot: {e}")
         context.close()
+
+
+@pytest.fixture(scope="session")
+def demo_store_dir(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Path:
+    """The converted demo store the integration tests share (tests/integration/demo_facts.py: 12 conversations the
+    target answered, ~10 s), built once for the browser tests; a test that trains copies it first."""
+    from tests.integration.demo_facts import build_demo_store
+
+    return Path(build_demo_store(tmp_path_factory.mktemp("demo-store"), demo_model).run_dir)

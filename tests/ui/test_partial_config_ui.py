@@ -47,8 +47,9 @@ def test_the_config_forms_show_no_null_switch(served: Served, page: Page, deploy
 
 @pytest.mark.parametrize(
     ("deployment", "flow"),
-    [("pipeline", "pipeline"), ("extract", "extract"), ("convert", "pipeline"),
-     ("train", "train"), ("grow", "pipeline")],
+    [("pipeline", "pipeline"), ("extract", "extract"), ("convert", "pipeline"), ("train", "train"),
+     ("grow", "pipeline"), ("extract-fanout", "extract-fanout"), ("train-fanout", "train-fanout"),
+     ("train-node", "train-node")],
 )  # fmt: skip
 def test_each_config_form_fits_two_screens_at_1280x800_with_the_rest_in_overrides(
     served: Served, page: Page, deployment: str, flow: str

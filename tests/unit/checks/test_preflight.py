@@ -326,6 +326,9 @@ def test_a_device_set_to_cuda_on_a_worker_without_one_is_refused_naming_each_key
     transformers = config(tmp_path, ["extract"], server=cuda)  # the engine in this process: torch's view
     with pytest.raises(PreflightError, match=r"server.device: cuda.*server.engine transformers"):
         check_stages(transformers, model, cuda=lambda: False, gpu_node=lambda: True)
+    check_stages(transformers, model, on_nodes=True, **NO_GPU)  # a fan-out: its nodes check their own devices
+    with pytest.raises(PreflightError, match=r"extract\.aux_layers \[2, 6, 13\]: \[13\] out of range"):
+        check_run(config(tmp_path, ["extract"], server=cuda, extract={"aux_layers": [2, 6, 13]}), model, on_nodes=True)
 
 
 @pytest.mark.parametrize("flag", ["--enable-two-batch-overlap", "--enable-two-batch", "--enable-tw"])

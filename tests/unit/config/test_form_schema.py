@@ -62,3 +62,19 @@ def test_the_pipeline_form_says_what_its_defaults_cost_on_a_cpu_worker() -> None
     flow: Any = load_flow_from_entrypoint(str(REPO / entry["entrypoint"]))
     described = d.form_schema(flow, entry).model_dump()["properties"]["config"]["description"]
     assert described.startswith("On a CPU worker these defaults take over 30 min")
+
+
+def test_a_form_hidden_parameter_is_left_off_the_form_and_a_parent_may_still_pass_it() -> None:
+    from prefect.flows import load_flow_from_entrypoint
+    from prefect.utilities.schema_tools.validation import validate
+
+    d = deployments_module()
+    (entry,) = [e for e in d.load_spec()["deployments"] if e["name"] == "train-node"]
+    flow: Any = load_flow_from_entrypoint(str(REPO / entry["entrypoint"]))
+    schema = d.form_schema(flow, entry).model_dump()
+    assert entry["form_hidden"] == ["rendezvous_token", "gpu_limit"]
+    assert not set(entry["form_hidden"]) & set(schema["properties"]) and "config" in schema["properties"]
+    sent = {"config": {"run_dir": "data/runs/x"}, "rendezvous_token": "abc", "gpu_limit": "gpu-node-1"}
+    validate(sent, schema, raise_on_error=True)  # what train-fanout sends its nodes (enforce_parameter_schema)
+    with pytest.raises(d.SpecError, match=r"form_hidden names parameters the flow does not have: \['nope'\]"):
+        d.form_schema(flow, {**entry, "form_hidden": ["nope"]})
