@@ -42,6 +42,7 @@ def main(result_path: Path, job_path: Path) -> None:
     result_path.write_text(json.dumps({
         "steps": steps, "peak_rss_mb": peak_kb / 1024, "wall_s": time.monotonic() - T0, "checkpoint": result.checkpoint,
         "shims": [], "torch": torch.__version__,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
     }, indent=1))  # fmt: skip
 
 
