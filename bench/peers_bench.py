@@ -17,7 +17,8 @@ at k = 3 and 5 on demo.yaml's sets (varied, HumanEval, template held-out). It pr
 command and every setting that could not be made equal, and writes <root>/peers.json (and <root>/<side>/side.json:
 `--reuse ours` prints a side from its side.json instead of training and measuring it again).
 
-Columns: tok/s = training tokens per second after the first step, from the side's own step log; first step = seconds
+Columns: tok/s = training tokens per second after the first step, from the side's own step log; tok per CPU-s = the
+same tokens per CPU second of the side's process (all threads; steadier on a shared machine); first step = seconds
 from its process start to the end of its first optimizer step (imports, model and data set-up, the step); peak =
 the process's peak RSS (and on CUDA torch's peak allocated on the GPU); held-out = our Trainer's loss / acceptance
 length (k=3, teacher-forced) on the held-out rows; then offline acceptance length per set at k=3 / k=5.
@@ -62,7 +63,8 @@ def heldout_of(cfg: PipelineConfig, checkpoint: Path) -> dict[str, Any] | None:
 
 
 def side_record(s: Side) -> dict[str, Any]:
-    return {"name": s.name, "error": s.error, "tokens_per_s": s.tokens_per_s, "first_step_s": s.first_step_s,
+    return {"name": s.name, "error": s.error, "tokens_per_s": s.tokens_per_s, "tokens_per_cpu_s": s.tokens_per_cpu_s,
+            "first_step_s": s.first_step_s,
             "peak_rss_mb": s.peak_rss_mb, "peak_gpu_mb": s.peak_gpu_mb, "heldout": s.heldout, "command": s.command,
             "notes": s.notes,
             "checkpoint": str(s.checkpoint) if s.checkpoint else None, "steps": s.steps,
@@ -94,7 +96,7 @@ def _f(x: float | None, fmt: str) -> str:
 
 def table(sides: list[Side], set_names: list[str], steps: int) -> str:
     gpu = any(s.peak_gpu_mb is not None for s in sides)
-    head = ["side", "tok/s", "first step s", "peak RSS / GPU MB" if gpu else "peak RSS MB",
+    head = ["side", "tok/s", "tok per CPU-s", "first step s", "peak RSS / GPU MB" if gpu else "peak RSS MB",
             f"held-out loss @{steps}", "held-out acc len",
             *[f"{s} k3/k5" for s in set_names]]  # fmt: skip
     rows = [head]
@@ -105,7 +107,7 @@ def table(sides: list[Side], set_names: list[str], steps: int) -> str:
         h = s.heldout or {}
         acc = [f"{_f(s.acceptance.get((n, 3)), '.2f')}/{_f(s.acceptance.get((n, 5)), '.2f')}" for n in set_names]
         peak = _f(s.peak_rss_mb, ".0f") + (f" / {_f(s.peak_gpu_mb, '.0f')}" if gpu else "")
-        rows.append([s.name, _f(s.tokens_per_s, ".0f"), _f(s.first_step_s, ".1f"), peak,
+        rows.append([s.name, _f(s.tokens_per_s, ".0f"), _f(s.tokens_per_cpu_s, ".0f"), _f(s.first_step_s, ".1f"), peak,
                      _f(h.get("loss"), ".3f"), _f(h.get("acceptance_length"), ".2f"), *acc])  # fmt: skip
     widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(head))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + " |" for r in rows]
@@ -121,8 +123,12 @@ def main() -> None:
     ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     ap.add_argument("--set", action="append", default=[], help="more config overrides (key=value)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where every side trains and is measured")
-    ap.add_argument("--speculators-python", type=Path, default=SPECULATORS_PYTHON,
-                    help="the python of speculators' environment (make speculators-env; a GPU: bench/device/peers.sh)")
+    ap.add_argument(
+        "--speculators-python",
+        type=Path,
+        default=SPECULATORS_PYTHON,
+        help="the python of speculators' environment (make speculators-env; a GPU: bench/device/peers.sh)",
+    )
     ap.add_argument("--reuse", nargs="*", default=[], help="sides to read from <root>/<side>/side.json")
     args = ap.parse_args()
     root = args.root.resolve()

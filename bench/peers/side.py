@@ -49,3 +49,12 @@ class Side:
             return None
         tokens = sum(s["tokens"] for s in self.steps[1:])
         return tokens / (self.steps[-1]["t"] - self.steps[0]["t"])
+
+    @property
+    def tokens_per_cpu_s(self) -> float | None:
+        """Training tokens per CPU second of the side's process (all its threads) after the first step: on a shared
+        machine steadier than tokens/s, which counts the seconds other jobs held the cores."""
+        if len(self.steps) < 2 or "cpu" not in self.steps[0]:
+            return None
+        tokens = sum(s["tokens"] for s in self.steps[1:])
+        return tokens / (self.steps[-1]["cpu"] - self.steps[0]["cpu"])

@@ -44,6 +44,7 @@ class _Tap(logging.Handler):
             train, prof = msg["train"], msg["profile"]
             self.steps.append({
                 "t": time.monotonic() - T0,
+                "cpu": time.process_time(),  # this process's CPU seconds, all threads
                 "step": int(msg["global_step"]) + 1,
                 "loss": float(train.get("loss", float("nan"))),
                 "tokens": round(prof["tokens_per_s"] * prof["step_ms"] / 1000),
