@@ -147,7 +147,10 @@ def main() -> None:
             sides.append(side_from(json.loads((work / "side.json").read_text())))
             continue
         print(f"[peers_bench] {name}: training", flush=True)
-        side = train(cfg, work)
+        try:
+            side = train(cfg, work)
+        except Exception as e:  # a driver's own failure: its row says so, the other sides' rows still print
+            side = Side(name, error=f"the bench's driver failed: {type(e).__name__}: {e}")
         print(f"[peers_bench] {name}: measuring {side.checkpoint or '(no checkpoint) ' + str(side.error)}", flush=True)
         measure(side, cfg, sets, work)
         (work / "side.json").write_text(json.dumps(side_record(side), indent=1))
