@@ -1,6 +1,7 @@
 """Our EAGLE-3 trainer side by side with the peers' own trainers on one store, on one machine, in one invocation.
 
     python bench/peers_bench.py [--root data/bench/peers] [--steps 24] [--peers speculators specforge]
+    python bench/peers_bench.py --device cuda --speculators-python /tmp/peer/bin/python --peers speculators  # a GPU
 
 The store is `make demo`'s (configs/demo.yaml: built once under <root>/store, bench/peers/demo_store.py). Each side
 trains the same EAGLE-3 draft shape on the same training rows for the same steps, batch tokens, lr schedule and TTT
@@ -16,15 +17,17 @@ at k = 3 and 5 on demo.yaml's sets (varied, HumanEval, template held-out). It pr
 command and every setting that could not be made equal, and writes <root>/peers.json (and <root>/<side>/side.json:
 `--reuse ours` prints a side from its side.json instead of training and measuring it again).
 
-Columns: tok/s = training tokens per second after the first step, from the side's own step log; first step = seconds
+Columns: tok/s = training tokens per second after the first step, from the side's own step log; tok per CPU-s = the
+same tokens per CPU second of the side's process (all threads; steadier on a shared machine); first step = seconds
 from its process start to the end of its first optimizer step (imports, model and data set-up, the step); peak =
-the process's peak RSS (CPU) ; held-out = our Trainer's loss / acceptance length (k=3, teacher-forced) on the held-out
-rows; then offline acceptance length per set at k=3 / k=5.
+the process's peak RSS (and on CUDA torch's peak allocated on the GPU); held-out = our Trainer's loss / acceptance
+length (k=3, teacher-forced) on the held-out rows; then offline acceptance length per set at k=3 / k=5.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
@@ -38,6 +41,7 @@ from bench.peers.demo_store import demo_store
 from bench.peers.ours import train_ours
 from bench.peers.side import REPO, Side
 from bench.peers.specforge_peer import train_specforge
+from bench.peers.speculators_peer import PYTHON as SPECULATORS_PYTHON
 from bench.peers.speculators_peer import train_speculators
 from eagle3.config import PipelineConfig
 from eagle3.data.chat import ChatTokenizer
@@ -53,14 +57,16 @@ def heldout_of(cfg: PipelineConfig, checkpoint: Path) -> dict[str, Any] | None:
     weights, loaded as a warm start into a fresh trainer: the same measurement for every side."""
     with tempfile.TemporaryDirectory() as out:
         job = TrainJob(train=cfg.train, run_dir=str(cfg.run_dir), model_dir=str(cfg.model), out_dir=out,
-                       device="cpu", init_from=str(checkpoint))  # fmt: skip
+                       device=cfg.train.device, init_from=str(checkpoint))  # fmt: skip
         with Trainer.build(job) as trainer:
             return trainer.measure_heldout()
 
 
 def side_record(s: Side) -> dict[str, Any]:
-    return {"name": s.name, "error": s.error, "tokens_per_s": s.tokens_per_s, "first_step_s": s.first_step_s,
-            "peak_rss_mb": s.peak_rss_mb, "heldout": s.heldout, "command": s.command, "notes": s.notes,
+    return {"name": s.name, "error": s.error, "tokens_per_s": s.tokens_per_s, "tokens_per_cpu_s": s.tokens_per_cpu_s,
+            "first_step_s": s.first_step_s,
+            "peak_rss_mb": s.peak_rss_mb, "peak_gpu_mb": s.peak_gpu_mb, "heldout": s.heldout, "command": s.command,
+            "notes": s.notes,
             "checkpoint": str(s.checkpoint) if s.checkpoint else None, "steps": s.steps,
             "acceptance": [[n, k, v] for (n, k), v in s.acceptance.items()]}  # fmt: skip
 
@@ -68,6 +74,7 @@ def side_record(s: Side) -> dict[str, Any]:
 def side_from(record: dict[str, Any]) -> Side:
     s = Side(record["name"], notes=record["notes"], command=record["command"], error=record["error"])
     s.steps, s.peak_rss_mb, s.heldout = record["steps"], record["peak_rss_mb"], record["heldout"]
+    s.peak_gpu_mb = record.get("peak_gpu_mb")
     s.checkpoint = Path(record["checkpoint"]) if record["checkpoint"] else None
     s.acceptance = {(n, k): v for n, k, v in record["acceptance"]}
     return s
@@ -88,7 +95,9 @@ def _f(x: float | None, fmt: str) -> str:
 
 
 def table(sides: list[Side], set_names: list[str], steps: int) -> str:
-    head = ["side", "tok/s", "first step s", "peak MB", f"held-out loss @{steps}", "held-out acc len",
+    gpu = any(s.peak_gpu_mb is not None for s in sides)
+    head = ["side", "tok/s", "tok per CPU-s", "first step s", "peak RSS / GPU MB" if gpu else "peak RSS MB",
+            f"held-out loss @{steps}", "held-out acc len",
             *[f"{s} k3/k5" for s in set_names]]  # fmt: skip
     rows = [head]
     for s in sides:
@@ -97,7 +106,8 @@ def table(sides: list[Side], set_names: list[str], steps: int) -> str:
             continue
         h = s.heldout or {}
         acc = [f"{_f(s.acceptance.get((n, 3)), '.2f')}/{_f(s.acceptance.get((n, 5)), '.2f')}" for n in set_names]
-        rows.append([s.name, _f(s.tokens_per_s, ".0f"), _f(s.first_step_s, ".1f"), _f(s.peak_rss_mb, ".0f"),
+        peak = _f(s.peak_rss_mb, ".0f") + (f" / {_f(s.peak_gpu_mb, '.0f')}" if gpu else "")
+        rows.append([s.name, _f(s.tokens_per_s, ".0f"), _f(s.tokens_per_cpu_s, ".0f"), _f(s.first_step_s, ".1f"), peak,
                      _f(h.get("loss"), ".3f"), _f(h.get("acceptance_length"), ".2f"), *acc])  # fmt: skip
     widths = [max(len(r[i]) for r in rows if len(r) > i) for i in range(len(head))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + " |" for r in rows]
@@ -112,23 +122,35 @@ def main() -> None:
     ap.add_argument("--heldout-fraction", type=float, default=0.1, help="train.heldout_fraction (by prompt)")
     ap.add_argument("--peers", nargs="*", default=list(PEERS), choices=list(PEERS))
     ap.add_argument("--set", action="append", default=[], help="more config overrides (key=value)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where every side trains and is measured")
+    ap.add_argument(
+        "--speculators-python",
+        type=Path,
+        default=SPECULATORS_PYTHON,
+        help="the python of speculators' environment (make speculators-env; a GPU: bench/device/peers.sh)",
+    )
     ap.add_argument("--reuse", nargs="*", default=[], help="sides to read from <root>/<side>/side.json")
     args = ap.parse_args()
     root = args.root.resolve()
     steps = args.steps
     overrides = [f"train.max_steps={steps}", f"train.heldout_fraction={args.heldout_fraction}", "train.log_every=1",
-                 f"train.checkpoint_every={steps}", "train.device=cpu", *args.set]  # fmt: skip
+                 f"train.checkpoint_every={steps}", f"train.device={args.device}", f"evaluate.device={args.device}",
+                 *args.set]  # fmt: skip
     cfg = demo_store(root / "store", overrides)
     sets = load_eval_sets(cfg.evaluate, ChatTokenizer.from_model_dir(Path(cfg.model)))
     sides = []
-    for name, train in [("ours", train_ours), *((p, PEERS[p]) for p in args.peers)]:
+    peers = {**PEERS, "speculators": functools.partial(train_speculators, python=args.speculators_python)}
+    for name, train in [("ours", train_ours), *((p, peers[p]) for p in args.peers)]:
         work = root / name
         work.mkdir(parents=True, exist_ok=True)
         if name in args.reuse:
             sides.append(side_from(json.loads((work / "side.json").read_text())))
             continue
         print(f"[peers_bench] {name}: training", flush=True)
-        side = train(cfg, work)
+        try:
+            side = train(cfg, work)
+        except Exception as e:  # a driver's own failure: its row says so, the other sides' rows still print
+            side = Side(name, error=f"the bench's driver failed: {type(e).__name__}: {e}")
         print(f"[peers_bench] {name}: measuring {side.checkpoint or '(no checkpoint) ' + str(side.error)}", flush=True)
         measure(side, cfg, sets, work)
         (work / "side.json").write_text(json.dumps(side_record(side), indent=1))
@@ -145,7 +167,8 @@ def main() -> None:
     t = cfg.train
     print(f"\nshared: {args.steps} steps, batch_tokens {t.batch_tokens}, lr {t.lr} (warm-up {t.warmup_steps}, cosine "
           f"to {t.min_lr_ratio}), TTT {t.ttt_steps} (decay {t.ttt_decay}), draft vocab {t.draft_vocab_size}, "
-          f"precision {t.precision}, held-out fraction {t.heldout_fraction}; store {cfg.run_dir}")  # fmt: skip
+          f"precision {t.precision}, device {t.device}, held-out fraction {t.heldout_fraction}; "
+          f"store {cfg.run_dir}")  # fmt: skip
     (root / "peers.json").write_text(json.dumps([side_record(s) for s in sides], indent=1))
     shutil.rmtree(root / "tmp", ignore_errors=True)
 

@@ -20,7 +20,8 @@ def train_ours(cfg: PipelineConfig, work: Path) -> Side:
     out = work / "train"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    job = TrainJob(train=cfg.train, run_dir=str(cfg.run_dir), model_dir=str(cfg.model), out_dir=str(out), device="cpu")
+    job = TrainJob(train=cfg.train, run_dir=str(cfg.run_dir), model_dir=str(cfg.model), out_dir=str(out),
+                   device=cfg.train.device)  # fmt: skip
     write_job(work / "job.json", job)
     result = work / "result.json"
     argv = [sys.executable, str(REPO / "bench" / "peers" / "ours_train.py"), str(result), str(work / "job.json")]

@@ -17,6 +17,7 @@ import json  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -32,16 +33,26 @@ def main(result_path: Path, job_path: Path) -> None:
     steps: list[dict[str, object]] = []
     t_wall0 = time.time() - (time.monotonic() - T0)
     with Trainer.build(job) as trainer:
+        cpu: list[float] = []  # this process's CPU seconds (all threads) at the end of each step
+        step = trainer.train_step
+
+        def timed_step(batch: Any) -> Any:
+            out = step(batch)
+            cpu.append(time.process_time())
+            return out
+
+        trainer.train_step = timed_step  # type: ignore[method-assign]
         result = trainer.run()
     for line in TrainPaths(job.out_dir).metrics.read_text().splitlines():
         rec = json.loads(line)
         if "loss" in rec and "heldout" not in rec:
             steps.append({"t": rec["time"] - t_wall0, "step": rec["step"], "loss": rec["loss"],
-                          "tokens": rec["tokens"], "lr": rec["lr"]})  # fmt: skip
+                          "tokens": rec["tokens"], "lr": rec["lr"], "cpu": cpu[rec["step"] - 1]})  # fmt: skip
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result_path.write_text(json.dumps({
         "steps": steps, "peak_rss_mb": peak_kb / 1024, "wall_s": time.monotonic() - T0, "checkpoint": result.checkpoint,
         "shims": [], "torch": torch.__version__,
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
     }, indent=1))  # fmt: skip
 
 

@@ -17,6 +17,7 @@ class Side:
     error: str | None = None  # why this side has no numbers
     steps: list[dict[str, Any]] = field(default_factory=list)  # logged steps: t (s since start), step, loss, tokens
     peak_rss_mb: float | None = None
+    peak_gpu_mb: float | None = None  # torch's peak allocated on the GPU (a CUDA run)
     checkpoint: Path | None = None  # a checkpoint directory of ours (a peer's: imported)
     heldout: dict[str, Any] | None = None  # our Trainer's held-out record of the checkpoint
     acceptance: dict[tuple[str, int], float] = field(default_factory=dict)  # (set, k) -> acceptance length
@@ -26,7 +27,7 @@ class Side:
         return self
 
     def read_run(self, run: dict[str, Any]) -> None:
-        self.steps, self.peak_rss_mb = run["steps"], run["peak_rss_mb"]
+        self.steps, self.peak_rss_mb, self.peak_gpu_mb = run["steps"], run["peak_rss_mb"], run.get("peak_gpu_mb")
         self.notes += [f"shim: {s}" for s in run.get("shims", [])]
 
     @staticmethod
@@ -48,3 +49,12 @@ class Side:
             return None
         tokens = sum(s["tokens"] for s in self.steps[1:])
         return tokens / (self.steps[-1]["t"] - self.steps[0]["t"])
+
+    @property
+    def tokens_per_cpu_s(self) -> float | None:
+        """Training tokens per CPU second of the side's process (all its threads) after the first step: on a shared
+        machine steadier than tokens/s, which counts the seconds other jobs held the cores."""
+        if len(self.steps) < 2 or "cpu" not in self.steps[0]:
+            return None
+        tokens = sum(s["tokens"] for s in self.steps[1:])
+        return tokens / (self.steps[-1]["cpu"] - self.steps[0]["cpu"])

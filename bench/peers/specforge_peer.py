@@ -114,7 +114,9 @@ def train_specforge(cfg: PipelineConfig, work: Path, specforge: Path = SPECFORGE
     ids = hf_to_specforge(info.aux_layers)  # output-of-layer ids (Llama family: HF index - 1)
     target_cfg = read_json(Path(cfg.model) / "config.json")
     dcfg = DraftConfig.from_target(target_cfg, num_aux=len(ids), draft_vocab_size=cfg.train.draft_vocab_size)
-    (work / "draft_config.json").write_text(json.dumps(method_named("eagle3").sglang_config(dcfg, ids)))
+    sglang = method_named("eagle3").sglang_config(dcfg, ids, aux_layers=list(info.aux_layers),
+                                                  model_type=str(target_cfg.get("model_type", "")))  # fmt: skip
+    (work / "draft_config.json").write_text(json.dumps(sglang))
     target, head_key = _target_view(Path(cfg.model), work / "target-view")
     shutil.rmtree(work / "out", ignore_errors=True)
     (work / "run.json").write_text(json.dumps(run_config(cfg, work, target, head_key, ids), indent=1))

@@ -37,9 +37,11 @@ SETTINGS_DIFFERENCES = [
     "lr warm-up: theirs from 0 at step 1 (transformers' schedule), ours from lr/warmup at step 1; both cosine to 0",
     "held-out slice: their trainer always keeps one (train_data_ratio < 1): 0.99 of our training rows train",
     "data order: their sampler (seeded multipack), ours (BatchStream, train.seed); the same rows and batch tokens",
-    "attention: theirs sdpa with a sliding window of 2048 (longer than any demo row), ours dense (CPU)",
-    "loss: theirs KL(target || draft) over the draft vocabulary, eager (their fused one needs Triton); ours the soft "
-    "cross-entropy against the same renormalized target: the same gradient (they differ by the target entropy)",
+    "attention: theirs sdpa with a sliding window of 2048 (longer than any demo row), ours explicit scores by blocks "
+    "of queries over their documents' keys (CPU) or compiled FlexAttention (CUDA)",
+    "loss: theirs KL(target || draft) over the draft vocabulary at every labelled position, eager (their fused one "
+    "needs Triton); ours the soft cross-entropy against the same renormalized target (the same gradient: they differ "
+    "by the target entropy), skipping a position whose target argmax is outside the draft vocabulary, as SpecForge",
     "CPU only: two device shims in their trainer (speculators_train.py docstring)",
 ]
 

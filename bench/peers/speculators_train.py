@@ -44,6 +44,7 @@ class _Tap(logging.Handler):
             train, prof = msg["train"], msg["profile"]
             self.steps.append({
                 "t": time.monotonic() - T0,
+                "cpu": time.process_time(),  # this process's CPU seconds, all threads
                 "step": int(msg["global_step"]) + 1,
                 "loss": float(train.get("loss", float("nan"))),
                 "tokens": round(prof["tokens_per_s"] * prof["step_ms"] / 1000),
@@ -93,6 +94,7 @@ def main(argv: list[str]) -> None:
     result_path.write_text(json.dumps({
         "steps": tap.steps, "val": tap.val, "peak_rss_mb": peak_kb / 1024, "wall_s": time.monotonic() - T0,
         "shims": shim, "torch": torch.__version__, "argv": flags, "batches_per_epoch": per_epoch[:1],
+        "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None,
     }, indent=1))  # fmt: skip
 
 

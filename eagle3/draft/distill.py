@@ -3,9 +3,11 @@ cross-entropy against it, and the per-position result a method's loss returns (D
 acceptance length the held-out slice reports.
 
 Target distribution (once per batch): the stored final post-norm state x the target's frozen lm_head, restricted to
-the draft vocabulary and renormalized there (softmax over the draft ids' logits). It is computed in chunks of tokens,
-so at most [chunk, target vocab] logits exist at once; the full-vocab logits are needed only for the target's argmax
-(is it in the draft vocabulary? accuracy).
+the draft vocabulary and renormalized there (softmax over the draft ids' logits, from the draft ids' rows of the head
+alone). Only the rows some loss reads are computed (labelled_rows: row s is the distribution of x[s+1], a label only
+where x[s+1] is trained); prompt tokens and padding cost nothing. It goes in chunks of tokens, so at most
+[chunk, target vocab] logits exist at once; the full-vocab logits are needed only for the target's argmax (is it in
+the draft vocabulary? the EAGLE-3 loss skips a row whose argmax is not, and accuracy; DFlash's hard label).
 """
 
 from __future__ import annotations
@@ -31,20 +33,31 @@ def draft_to_target_ids(d2t: Tensor) -> Tensor:
     return torch.arange(len(d2t), device=d2t.device) + d2t
 
 
+def labelled_rows(loss_mask: Tensor, remaining: Tensor) -> Tensor:
+    """[N] bool: the rows whose target distribution (that of x[s+1]) is a label, x[s+1] being in row s's document
+    and trained (loss_mask[s+1]); every method's loss reads the target there only."""
+    return torch.nn.functional.pad(loss_mask.bool(), (0, 1))[1:] & (remaining >= 1)
+
+
 @torch.no_grad()
 def target_distribution(
-    last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, chunk_tokens: int
+    last_hidden: Tensor, lm_head: Tensor, d2t: Tensor, t2d: Tensor, chunk_tokens: int, rows: Tensor | None = None
 ) -> TargetDist:
-    """last_hidden [N, H], lm_head [V, H] (the target's, frozen) -> TargetDist, chunk_tokens rows at a time."""
+    """last_hidden [N, H], lm_head [V, H] (the target's, frozen) -> TargetDist, chunk_tokens rows at a time. `rows`
+    [N] bool (labelled_rows): only those are computed; the others hold probs 0, argmax 0, in_draft False."""
     ids = draft_to_target_ids(d2t)  # [Vd]
-    n = last_hidden.shape[0]
-    probs = torch.empty(n, len(ids), dtype=torch.float32, device=last_hidden.device)
-    argmax = torch.empty(n, dtype=torch.int64, device=last_hidden.device)
-    for a in range(0, n, chunk_tokens):
-        logits = last_hidden[a : a + chunk_tokens].to(lm_head.dtype) @ lm_head.T  # [c, V], one chunk only
-        argmax[a : a + chunk_tokens] = logits.argmax(-1)
-        probs[a : a + chunk_tokens] = torch.softmax(logits[:, ids].float(), dim=-1)  # [c, Vd]
-    return TargetDist(probs=probs, argmax=argmax, in_draft=t2d[argmax])
+    n, dev = last_hidden.shape[0], last_hidden.device
+    probs = torch.zeros(n, len(ids), dtype=torch.float32, device=dev)
+    argmax = torch.zeros(n, dtype=torch.int64, device=dev)
+    at = torch.arange(n, device=dev) if rows is None else rows.nonzero().squeeze(1)
+    draft_head = lm_head[ids]  # [Vd, H]: the soft target needs the draft ids' logits only
+    for a in range(0, len(at), chunk_tokens):
+        r = at[a : a + chunk_tokens]
+        h = last_hidden[r].to(lm_head.dtype)  # [c, H]
+        probs[r] = torch.softmax((h @ draft_head.T).float(), dim=-1)  # [c, Vd]
+        argmax[r] = (h @ lm_head.T).argmax(-1)  # [c, V] logits, one chunk only
+    in_draft = t2d[argmax] if rows is None else t2d[argmax] & rows
+    return TargetDist(probs=probs, argmax=argmax, in_draft=in_draft)
 
 
 def _ce_chunk(z: Tensor, probs: Tensor, src: Tensor, w: Tensor) -> Tensor:

@@ -60,49 +60,69 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (x.float() * cos + rotated.float() * sin).to(x.dtype)
 
 
-#: Queries per block of dense_attend: a row longer than this is attended block by block, each block's scores
-#: ([heads, block, keys so far]) recomputed in backward, so a long sample's step holds O(block x N) scores, not O(N^2).
-#: An 8.5K-token step of the tiny Qwen3's draft (4 heads, 2 TTT steps): 8 GB in one product, 0.5 GB in blocks of 512.
-DENSE_BLOCK = 512
+#: Queries per block of dense_attend. Each block is scored against the keys from its first query's document start to
+#: its last query, so a row of short documents costs about N x (block + document length) scores, not N^2 (the
+#: demo store's 2048-token rows: docs/performance.md, the peers' table).
+DENSE_BLOCK = 128
+#: A block scored against more keys than this (a long document's) is recomputed in backward (activation
+#: checkpointing), so a long sample's step holds O(DENSE_KEYS x N) scores, not O(N^2). An 8.5K-token step of the
+#: tiny Qwen3's draft (4 heads, 2 TTT steps): 8 GB in one product, 0.5 GB in blocks
+#: (tests/integration/test_long_context.py).
+DENSE_KEYS = 512
 #: A longer row takes fewer queries a block, so that one block's scores stay within this many fp32 elements (32 MB),
-#: down to DENSE_MIN_BLOCK queries: the attention's share of a step's memory then stays the same at any length (blocks
-#: of 512 grew by 8 KB per key token and head for each tensor a block keeps: a 31.5K-token step of the tiny Qwen3's
-#: draft peaked at 1.6 GB, now 0.6 GB; docs/performance.md, long samples).
+#: down to DENSE_MIN_BLOCK queries: the attention's share of a step's memory then stays the same at any length (a
+#: 31.5K-token step of the tiny Qwen3's draft peaked at 1.6 GB with blocks of 512, 0.6 GB so; docs/performance.md).
 DENSE_SCORES = 1 << 23
 DENSE_MIN_BLOCK = 64
 
 
+def document_starts(doc: Tensor) -> Tensor:
+    """[N] index of the first token of each token's document, in a packed row whose document ids never decrease."""
+    idx = torch.arange(len(doc), device=doc.device)
+    new = torch.ones_like(doc, dtype=torch.bool)
+    new[1:] = doc[1:] != doc[:-1]
+    return torch.cummax(torch.where(new, idx, 0), dim=0).values
+
+
 def dense_attend(
-    doc: Tensor, block: int = DENSE_BLOCK, scores_budget: int = DENSE_SCORES, min_block: int = DENSE_MIN_BLOCK
+    doc: Tensor,
+    block: int = DENSE_BLOCK,
+    keys: int = DENSE_KEYS,
+    scores_budget: int = DENSE_SCORES,
+    min_block: int = DENSE_MIN_BLOCK,
 ) -> AttendFn:
-    """Causal attention within documents from explicit scores: exact (CPU, tests, reference). A row of up to
-    `block` tokens is one product, O(N^2) memory; a longer one (a long sample's step, eagle3/draft/data.py) goes by
-    blocks of queries under activation checkpointing, each seeing the keys up to its last query, at most `block`
-    queries a block and fewer for a long row (one block's scores within `scores_budget` elements, down to `min_block`
-    queries)."""
+    """Causal attention within documents from explicit scores: exact (CPU, tests, reference). Queries go by blocks
+    of at most `block` (fewer for a long row: one block's scores within `scores_budget` elements, down to
+    `min_block` queries), each against the keys from its first query's document start to its last query (every key
+    any of them may see): the keys of other documents and of later positions, whose weights are 0, are not scored. A
+    block over more than `keys` keys is recomputed in backward."""
     n = len(doc)
     pos = torch.arange(n, device=doc.device)
+    starts = document_starts(doc).tolist() if n else []
 
-    def scores(q: Tensor, k: Tensor, v: Tensor, lo: int) -> tuple[Tensor, Tensor]:
-        """Queries lo .. lo+m against keys 0 .. len(k) (k, v already repeated to the query heads)."""
-        m, keys = q.shape[0], k.shape[0]
-        allowed = (doc[lo : lo + m, None] == doc[None, :keys]) & (pos[None, :keys] <= pos[lo : lo + m, None])
-        s = torch.einsum("qhd,khd->hqk", q.float(), k.float()) / math.sqrt(q.shape[-1])  # [nh, m, keys]
+    def scores(q: Tensor, k: Tensor, v: Tensor, lo: int, ks: int) -> tuple[Tensor, Tensor]:
+        """Queries lo .. lo+m against keys ks .. ks+len(k); q [m, nh, hd], k and v [keys, nkv, hd]."""
+        (m, nh, hd), nkv = q.shape, k.shape[1]
+        hi = ks + k.shape[0]
+        allowed = (doc[lo : lo + m, None] == doc[None, ks:hi]) & (pos[None, ks:hi] <= pos[lo : lo + m, None])
+        qg = q.float().view(m, nkv, nh // nkv, hd)  # the query heads of each key head: no repeated keys
+        s = torch.einsum("qcgd,kcd->cgqk", qg, k.float()) / math.sqrt(hd)  # [nkv, g, m, keys]
         s = s.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)  # [nh, m]
-        out = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v.float())  # [m, nh, hd]
-        return out.to(q.dtype), lse.transpose(0, 1)
+        lse = torch.logsumexp(s, dim=-1)  # [nkv, g, m]
+        out = torch.einsum("cgqk,kcd->qcgd", torch.softmax(s, dim=-1), v.float())  # [m, nkv, g, hd]
+        return out.reshape(m, nh, hd).to(q.dtype), lse.reshape(nh, m).transpose(0, 1)
 
     def attend(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        g = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)  # [N, nh, hd]
-        if n <= block:
-            return scores(q, k, v, 0)
         from torch.utils.checkpoint import checkpoint
 
-        m = min(block, max(min_block, scores_budget // (q.shape[1] * n)))  # queries a block
-        parts = [checkpoint(scores, q[lo : lo + m], k[: lo + m], v[: lo + m], lo, use_reentrant=False)
-                 for lo in range(0, n, m)]  # fmt: skip
+        m = min(block, max(min_block, scores_budget // (q.shape[1] * max(n, 1))))  # queries a block
+        parts = []
+        for lo in range(0, n, m):
+            hi, ks = min(lo + m, n), starts[lo]
+            args = (q[lo:hi], k[ks:hi], v[ks:hi], lo, ks)
+            parts.append(checkpoint(scores, *args, use_reentrant=False) if hi - ks > keys else scores(*args))
+        if len(parts) == 1:
+            return parts[0]
         return torch.cat([o for o, _ in parts]), torch.cat([lse for _, lse in parts])
 
     return attend

@@ -45,7 +45,7 @@ from eagle3.draft.checkpoint import (
     step_dir,
 )
 from eagle3.draft.data import BatchStream, DataPosition, PackedBatch, load_index, load_vocab_map, read_row
-from eagle3.draft.distill import DraftLoss, target_distribution
+from eagle3.draft.distill import DraftLoss, labelled_rows, target_distribution
 from eagle3.draft.heldout import SPLIT_RULE, HeldoutTally, heldout_rows, split_heldout
 from eagle3.draft.layers import AttendFn, FlexAttend, dense_attend
 from eagle3.draft.load import load_target_tensors, target_head_keys
@@ -332,7 +332,8 @@ class Trainer:
         """Target distribution, then the method's forward through `net` and its loss: the step's and the held-out
         measurement's."""
         c, m = self.cfg, self.model
-        target = target_distribution(batch.last_hidden, self.lm_head, m.d2t, m.t2d, c.target_chunk_tokens)
+        rows = labelled_rows(batch.loss_mask, batch.remaining)
+        target = target_distribution(batch.last_hidden, self.lm_head, m.d2t, m.t2d, c.target_chunk_tokens, rows)
         if not self.bf16:
             batch = replace(batch, aux_hidden=batch.aux_hidden.float())  # [N, K, H]
         return self.method.loss(net, self.module, batch, target, c, self.attend_for(batch.doc), self.autocast,

@@ -107,9 +107,9 @@ def test_a_compiled_training_gives_the_eager_losses_step_by_step(store: Path, tm
 def test_a_non_finite_loss_stops_the_run_naming_the_step(tmp_path: Path) -> None:
     spec = SyntheticSpec(lengths=(30, 31, 32, 33))
     paths = write_run(tmp_path / "store", tmp_path / "target", spec)
-    for path in paths:  # a store with a NaN in every sample's final state
+    for path in paths:  # a store with a NaN in every sample's final state, at a row a loss reads (labelled_rows)
         s = read_sample(path)
-        s.last_hidden_state[3] = float("nan")
+        s.last_hidden_state[int(torch.as_tensor(s.loss_mask)[1:].nonzero()[0])] = float("nan")
         write_sample(
             path,
             encode_sample(

@@ -286,20 +286,37 @@ def test_the_block_mask_built_from_document_blocks_is_the_one_create_block_mask_
     assert torch.equal(got.to_dense(), want.to_dense())
 
 
-def test_dense_attention_by_blocks_of_queries_equals_the_whole_product_with_its_gradients() -> None:
-    """A long sample's step on the CPU: queries in blocks (recomputed in backward) give the same outputs, logsumexp
-    and gradients as one [N, N] product."""
+def _whole_row_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: one [heads, N, N] product over the whole row, masked to causal within documents."""
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    pos = torch.arange(len(doc))
+    allowed = (doc[:, None] == doc[None, :]) & (pos[None, :] <= pos[:, None])
+    s = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v), torch.logsumexp(s, -1).T
+
+
+@pytest.mark.parametrize(("block", "keys"), [(128, 512), (16, 512), (16, 40), (7, 10)])
+def test_dense_attention_by_blocks_equals_the_whole_row_product_with_its_gradients(block: int, keys: int) -> None:
+    """The CPU attention scores each block of queries against the keys of its documents only (recomputing in
+    backward the blocks over more than `keys` keys): the same outputs, logsumexp and gradients as one [N, N] product
+    over the whole row, for documents shorter than a block, crossing block edges, many blocks long, one token long,
+    and the row's padding (one more document)."""
     torch.manual_seed(0)
-    doc = torch.tensor([0] * 23 + [1] * 30 + [2] * 7)  # [60]: one document crosses two block edges
-    q, k, v = torch.randn(60, 4, 8), torch.randn(60, 2, 8), torch.randn(60, 2, 8)
+    lengths = [23, 1, 30, 7, 95, 2, 40]  # 95: longer than `keys` for the small settings, so some blocks recompute
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).to(torch.int32)
+    q, k, v = torch.randn(len(doc), 6, 8), torch.randn(len(doc), 2, 8), torch.randn(len(doc), 2, 8)
     results = []
-    for attend in (dense_attend(doc), dense_attend(doc, block=16)):
+    for attend in (lambda *x: _whole_row_attention(*x, doc), dense_attend(doc, block=block, keys=keys)):
         qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
         out, lse = attend(qq, kk, vv)
-        (out.square().sum() + lse.sum()).backward()
+        (out.square().sum() + lse.sin().sum()).backward()
         results.append([out, lse, qq.grad, kk.grad, vv.grad])
     for whole, blocked in zip(*results, strict=True):
-        assert torch.allclose(whole, blocked, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(blocked, whole, atol=1e-5, rtol=1e-5)
 
 
 def test_a_target_with_another_activation_gets_a_silu_draft_and_says_so() -> None:

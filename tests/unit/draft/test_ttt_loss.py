@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
-from eagle3.draft.distill import TargetDist, draft_to_target_ids, soft_cross_entropy, target_distribution
+from eagle3.config import TrainConfig
+from eagle3.draft.data import PackedBatch
+from eagle3.draft.distill import (
+    TargetDist,
+    draft_to_target_ids,
+    labelled_rows,
+    soft_cross_entropy,
+    target_distribution,
+)
 from eagle3.draft.eagle3.loss import ttt_loss
+from eagle3.draft.layers import dense_attend
+from eagle3.draft.methods import method_named
+from eagle3.draft.shape import DraftConfig
+from eagle3.draft.synthetic import SyntheticSpec, target_config
 
 
 def vocab_map(vocab: int, draft: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,6 +45,71 @@ def test_chunked_target_distribution_equals_the_unchunked_one() -> None:
         torch.testing.assert_close(got.probs, ref, rtol=1e-6, atol=1e-7)
         assert torch.equal(got.argmax, full.argmax(-1))
         assert torch.equal(got.in_draft, t2d[full.argmax(-1)])
+        rows = torch.rand(n, generator=torch.Generator().manual_seed(chunk)) > 0.4  # only these are computed
+        part = target_distribution(last, head, d2t, t2d, chunk, rows)
+        torch.testing.assert_close(part.probs[rows], ref[rows], rtol=1e-6, atol=1e-7)
+        assert torch.equal(part.argmax[rows], full.argmax(-1)[rows])
+        assert torch.equal(part.in_draft, t2d[full.argmax(-1)] & rows)
+        assert not part.probs[~rows].any() and not part.argmax[~rows].any()
+
+
+def _method_batch(lengths: list[int], prompts: list[int], pad: int, vocab: int, hidden: int) -> PackedBatch:
+    """A packed row as the store gives it: each document's first `prompts[d]` tokens untrained, then padding."""
+    g = torch.Generator().manual_seed(2)
+    n = sum(lengths) + pad
+    loss_mask = torch.cat([torch.arange(m) >= p for m, p in zip(lengths, prompts, strict=True)] + [torch.zeros(pad)])
+    cat = torch.cat
+    return PackedBatch(
+        input_ids=torch.randint(vocab, (n,), generator=g), loss_mask=loss_mask.to(torch.uint8),
+        aux_hidden=torch.randn(n, 3, hidden, generator=g), last_hidden=torch.randn(n, hidden, generator=g),
+        positions=cat([torch.arange(m) for m in lengths] + [torch.zeros(pad, dtype=torch.int64)]),
+        remaining=cat([torch.arange(m - 1, -1, -1) for m in lengths] + [torch.zeros(pad, dtype=torch.int64)]),
+        doc=cat([torch.full((m,), d) for d, m in enumerate(lengths)] + [torch.full((pad,), len(lengths))]).int(),
+        num_tokens=sum(lengths),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["eagle3", "eagle3.1", "dflash", "dspark"])
+def test_the_target_over_the_labelled_rows_only_gives_every_method_the_same_loss_gradient_and_hits(
+    method: str,
+) -> None:
+    """The trainer computes the target head only where a loss reads it (labelled_rows: x[s+1] trained, in the
+    document): each method's loss, per-position losses, hits, labels and gradients equal those from the target over
+    every row, on a row with untrained prompts and padding. The draft vocabulary is 2 ids whose target head rows are
+    scaled up, so most labels are in it and the drafts hit some (the hits are compared, not vacuous)."""
+    m = method_named(method)
+    train = TrainConfig(method=method, block_size=4, markov_rank=8, ttt_steps=3)  # type: ignore[arg-type]
+    cfg = DraftConfig.from_target(target_config(SyntheticSpec()), num_aux=3, draft_vocab_size=2)
+    torch.manual_seed(0)
+    ids = torch.randperm(cfg.vocab_size)[: cfg.draft_vocab_size].sort().values
+    lm_head = torch.randn(cfg.vocab_size, cfg.hidden_size)
+    lm_head[ids] *= 3
+    model = m.build(cfg, torch.randn(cfg.vocab_size, cfg.hidden_size), lm_head=lm_head, train=train)
+    t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    d2t = ids - torch.arange(len(ids))
+    model.set_vocab_map(d2t, t2d)  # type: ignore[operator]
+    batch = _method_batch([19, 7, 26, 12], [5, 3, 9, 12], 8, cfg.vocab_size, cfg.hidden_size)
+    rows = labelled_rows(batch.loss_mask, batch.remaining)
+    assert 0 < int(rows.sum()) < len(rows)
+    runs = []
+    for only in (None, rows):
+        model.zero_grad()
+        target = target_distribution(batch.last_hidden, lm_head, d2t, t2d, 16, only)
+        out = m.loss(model, model, batch, target, train, dense_attend(batch.doc), contextlib.nullcontext, False)
+        out.total.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        runs.append((out, grads))
+    (full, g_full), (part, g_part) = runs
+    assert float(full.step_hits.sum()) > 0 and not bool(target.in_draft[rows].all())  # hits, and labels outside
+    torch.testing.assert_close(part.total, full.total, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(part.step_loss, full.step_loss, rtol=1e-5, atol=1e-6)
+    for a, b in ((part.step_hits, full.step_hits), (part.step_labels, full.step_labels),
+                 (part.correct, full.correct), (part.labelled, full.labelled)):  # fmt: skip
+        assert torch.equal(a, b)
+    assert len(g_part) == len(g_full) > 0
+    for a, b in zip(g_part, g_full, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
 
 
 def test_soft_cross_entropy_value_and_gradient_match_the_plain_formula() -> None:
