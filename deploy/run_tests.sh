@@ -2,7 +2,7 @@
 # Runs the whole suite (unit, integration, end-to-end, UI) on both cores: three pytest processes side by side,
 #   library: tests/integration tests/unit   (the demo model, SGLang on CPU, torchrun)
 #   prefect: tests/e2e tests/ui             (Prefect servers, the `make serve` node, Chromium)
-#   waiting: three end-to-end files that mostly wait, and library files that fill the waits (below)
+#   waiting: end-to-end files that mostly wait or balance the others, and library files that fill the waits (below)
 # split so that they end about together, ~19-20 minutes on two cores (docs/testing.md). Not pytest-xdist's
 # workers: a worker that ran a browser test keeps Playwright's event loop in its main thread and its served node's
 # PREFECT_API_URL, and an end-to-end test after it on the same worker talks to the wrong server (docs/testing.md).
@@ -40,6 +40,9 @@ else
   # end together (docs/testing.md, sessions 19 and 21): test_generation, test_retrain with the golden curve (they
   # share the demo store, a session fixture: one build per process) and the SGLang architectures (~6 minutes).
   waiting="tests/e2e/test_schedule.py tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
+  # Session 23: the train deployment's browser walk (tests/ui/test_train_walk_ui.py, ~8 minutes of a CPU training
+  # and evaluation) made the prefect process the last by ~6 minutes; three end-to-end files (~4 minutes) run here
+  waiting+=" tests/e2e/test_scale_out.py tests/e2e/test_server_owner_flow.py tests/e2e/test_synthesize_sglang_flow.py"
   filling="tests/integration/test_generation.py tests/integration/test_retrain.py tests/integration/test_golden_curve.py"
   filling+=" tests/integration/test_architectures_sglang.py"
   names=(library prefect waiting)
