@@ -101,9 +101,12 @@ DEEPSEEK_V2_ROPE = {**DEEPSEEK_V3_ROPE, "mscale": 0.707, "mscale_all_dim": 0.707
 GPT_OSS_ROPE = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                 "truncate": False, "original_max_position_embeddings": 4096}  # fmt: skip
 
-#: MLA at the tiny size, as DeepSeek-V3's recipe has it (DeepSeek-V2 and GLM-4.7-Flash share the attention).
+#: MLA at the tiny size (DeepSeek-V3, DeepSeek-V2 and GLM-4.7-Flash share the attention).
 TINY_MLA = {"num_hidden_layers": 8, "num_key_value_heads": 4, "head_dim": 16, "q_lora_rank": 32, "kv_lora_rank": 16,
             "qk_rope_head_dim": 16, "qk_nope_head_dim": 16, "v_head_dim": 16}  # fmt: skip
+#: DeepSeek's routed and shared experts at the tiny size, grouped routing (DeepSeek-V3's and V2's recipes).
+TINY_DEEPSEEK_MOE = {"n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2,
+                     "moe_intermediate_size": 32, "n_group": 2, "topk_group": 1}  # fmt: skip
 #: Qwen3-Next / Qwen3.5's gated DeltaNet linear attention on 3 layers of 4.
 GATED_DELTA_NET = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
                    "linear_value_head_dim": 16}  # fmt: skip
@@ -166,21 +169,9 @@ FAMILIES: tuple[Family, ...] = (
         tiny=TinyRecipe(
             "DeepseekV3Config",
             {
-                "num_hidden_layers": 8,
-                "num_key_value_heads": 4,
-                "head_dim": 16,
-                "q_lora_rank": 32,
-                "kv_lora_rank": 16,
-                "qk_rope_head_dim": 16,
-                "qk_nope_head_dim": 16,
-                "v_head_dim": 16,
+                **TINY_MLA,
                 "first_k_dense_replace": 2,
-                "n_routed_experts": 8,
-                "n_shared_experts": 1,
-                "num_experts_per_tok": 2,
-                "moe_intermediate_size": 32,
-                "n_group": 2,
-                "topk_group": 1,
+                **TINY_DEEPSEEK_MOE,
                 "routed_scaling_factor": 2.5,
                 "norm_topk_prob": True,
                 "topk_method": "noaux_tc",
@@ -465,12 +456,7 @@ FAMILIES: tuple[Family, ...] = (
             {
                 **TINY_MLA,
                 "first_k_dense_replace": 1,
-                "n_routed_experts": 8,
-                "n_shared_experts": 1,
-                "num_experts_per_tok": 2,
-                "moe_intermediate_size": 32,
-                "n_group": 2,
-                "topk_group": 1,
+                **TINY_DEEPSEEK_MOE,
                 "topk_method": "group_limited_greedy",  # V2's softmax routing, as its config.json says
                 "scoring_func": "softmax",
                 "moe_layer_freq": 1,
