@@ -32,14 +32,12 @@ from eagle3.target.families import (
     FIRST_ID_IS_1,
     GPT_OSS,
     MODEL_TYPES,
-    RESIDUAL,
-    TAPS,
     Family,
     SGLangRule,
     family_of,
+    other_tap_problem,
 )
 from eagle3.target.files import read_model_facts, read_target_config
-from eagle3.target.layout import text_config
 
 
 class LayerMappingError(ValueError):
@@ -92,16 +90,7 @@ def eagle3_serving_problem(target_cfg: dict[str, Any], override: list[int] | Non
         return no_rule_message(model_type)
     if family.sglang_rule is None and override is None:
         return block_drafters_only_message(family, model_type)
-    tap = family.tap_of(text_config(target_cfg))
-    if tap != RESIDUAL:
-        return (
-            f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 feeds an EAGLE-3 draft of this family "
-            f"{TAPS[tap]} (sglang/srt/models/{', '.join(family.sglang_files)}). This pipeline stores and checks the "
-            "residual stream; a draft trained on it and served by SGLang would see other states than it learned "
-            "from, and be slower than no draft. Not supported: train this target's draft with the transformers "
-            "engine and no export to SGLang, or serve another family"
-        )
-    return None
+    return other_tap_problem(family, target_cfg, "an EAGLE-3 draft")
 
 
 def extraction_layers(model_dir: Path, extract: ExtractConfig) -> SGLangLayers:

@@ -690,8 +690,6 @@ def family_named(architecture: str) -> Family | None:
 def block_drafter_problem(target_cfg: dict[str, Any]) -> str | None:
     """Why SGLang 0.5.23 cannot serve a block drafter (DFlash, DSpark) of this target (its config.json) the states
     this pipeline stores (the residual stream), or None: no DFlash capture for the family, or another tap."""
-    from eagle3.target.layout import text_config
-
     model_type = str(target_cfg.get("model_type", ""))
     family = family_of(model_type)
     if family is None or family.dflash_rule is None:
@@ -699,11 +697,21 @@ def block_drafter_problem(target_cfg: dict[str, Any]) -> str | None:
             f"model_type {model_type!r}: SGLang 0.5.23 has no DFlash capture (set_dflash_layers_to_capture) for this "
             "family in eagle3/target/families.py; a block drafter cannot be served for it. Train train.method eagle3"
         )
+    return other_tap_problem(family, target_cfg, "a block drafter")
+
+
+def other_tap_problem(family: Family, target_cfg: dict[str, Any], draft: str) -> str | None:
+    """Why SGLang 0.5.23 cannot feed `draft` ("an EAGLE-3 draft", "a block drafter") of this family's target (its
+    config.json) what the store holds: it taps something else than the residual stream; None when it taps that."""
+    from eagle3.target.layout import text_config
+
     tap = family.tap_of(text_config(target_cfg))
-    if tap != RESIDUAL:
-        return (
-            f"{family.architecture} (model_type {model_type!r}): SGLang 0.5.23 feeds a block drafter of this family "
-            f"{TAPS[tap]} (sglang/srt/models/{', '.join(family.sglang_files)}), not the residual stream this "
-            "pipeline stores: a draft trained on the store would be slower than no draft. Not supported"
-        )
-    return None
+    if tap == RESIDUAL:
+        return None
+    return (
+        f"{family.architecture} (model_type {target_cfg.get('model_type', '')!r}): SGLang 0.5.23 feeds {draft} of this "
+        f"family {TAPS[tap]} (sglang/srt/models/{', '.join(family.sglang_files)}). This pipeline stores and checks the "
+        "residual stream; a draft trained on it and served by SGLang would see other states than it learned from, "
+        "and be slower than no draft. Not supported: train this target's draft with the transformers engine and no "
+        "export to SGLang, or serve another family"
+    )
