@@ -114,8 +114,7 @@ def train_specforge(cfg: PipelineConfig, work: Path, specforge: Path = SPECFORGE
     ids = hf_to_specforge(info.aux_layers)  # output-of-layer ids (Llama family: HF index - 1)
     target_cfg = read_json(Path(cfg.model) / "config.json")
     dcfg = DraftConfig.from_target(target_cfg, num_aux=len(ids), draft_vocab_size=cfg.train.draft_vocab_size)
-    sglang = method_named("eagle3").sglang_config(dcfg, ids, aux_layers=list(info.aux_layers),
-                                                  model_type=str(target_cfg.get("model_type", "")))  # fmt: skip
+    sglang = method_named("eagle3").sglang_config(dcfg, ids)
     (work / "draft_config.json").write_text(json.dumps(sglang))
     target, head_key = _target_view(Path(cfg.model), work / "target-view")
     shutil.rmtree(work / "out", ignore_errors=True)

@@ -123,16 +123,11 @@ class DraftMethod(Protocol):
     def drafter(self, model: nn.Module) -> Drafter: ...
 
     def sglang_config(
-        self,
-        cfg: DraftConfig,
-        layer_ids: list[int],
-        *,
-        aux_layers: list[int],
-        model_type: str,
-        train: TrainConfig | None = None,
+        self, cfg: DraftConfig, layer_ids: list[int], *, train: TrainConfig | None = None
     ) -> dict[str, Any]:
-        """config.json of the SGLang directory: `layer_ids` are SGLang's EAGLE-3 ids of the HF indices `aux_layers`
-        of a target of `model_type`; `train` the draft's training settings (its checkpoint's)."""
+        """config.json of the SGLang directory: `layer_ids` are the ids SGLang's capture for this method names the
+        draft's layers by (export: EAGLE-3's rule, or a block drafter's dflash_config.target_layer_ids by the family's
+        DFlash rule); `train` the draft's training settings (its checkpoint's)."""
         ...
 
     def speculators_config(

@@ -276,13 +276,7 @@ def export_draft(
             f"{model_dir} fingerprints as {model_sha[:12]}..., run.json recorded {info.model_sha256[:12]}... at "
             "extraction: serve the draft with the model it was trained on"
         )
-    sglang_config = method.sglang_config(
-        cfg,
-        layers.layer_ids,
-        aux_layers=list(layers.aux_layers),
-        model_type=str(target_cfg.get("model_type", "")),
-        train=checkpoint_train(ckpt),
-    )
+    sglang_config = method.sglang_config(cfg, layers.layer_ids, train=checkpoint_train(ckpt))
     serve_args = ["--model-path", str(model_dir.resolve()), "--speculative-algorithm", method.algorithm,
                   "--speculative-draft-model-path", str(out_dir.resolve()),
                   *method.serve_flags(checkpoint_train(ckpt), speculative_tokens)]  # fmt: skip

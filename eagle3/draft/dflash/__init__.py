@@ -136,17 +136,15 @@ class DFlashMethod:
         return BlockDrafter(cast(DFlashDraft, model))
 
     def sglang_config(
-        self, cfg: DraftConfig, layer_ids: list[int], *, aux_layers: list[int], model_type: str,
-        train: TrainConfig | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
-        """`layer_ids` (SGLang's EAGLE-3 ids) are not DFlash's: its target_layer_ids follow the family's DFlash rule
-        from the HF indices."""
+        self, cfg: DraftConfig, layer_ids: list[int], *, train: TrainConfig | None = None
+    ) -> dict[str, Any]:
+        """`layer_ids`: dflash_config.target_layer_ids (serving.target_layer_ids, the family's DFlash rule)."""
         return serving.sglang_config(
             cfg,
             num_layers=cfg.num_aux,
             block_size=settings(train).block_size,
             mask_token_id=mask_token_id(cfg, train),
-            layer_ids=serving.target_layer_ids(aux_layers, model_type),
+            layer_ids=layer_ids,
         )
 
     def speculators_config(

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor, nn
 
 from eagle3.draft.dflash import DFlashMethod, checked_mask_token_id, mask_token_id, settings
-from eagle3.draft.dflash import serving as dflash_serving
 from eagle3.draft.dspark import serving
 from eagle3.draft.dspark.model import DSparkDraft
 from eagle3.draft.shape import DraftConfig
@@ -48,9 +47,8 @@ class DSparkMethod(DFlashMethod):
                            lm_head=lm_head)  # fmt: skip
 
     def sglang_config(
-        self, cfg: DraftConfig, layer_ids: list[int], *, aux_layers: list[int], model_type: str,
-        train: TrainConfig | None = None,
-    ) -> dict[str, Any]:  # fmt: skip
+        self, cfg: DraftConfig, layer_ids: list[int], *, train: TrainConfig | None = None
+    ) -> dict[str, Any]:
         return serving.sglang_config(
             cfg,
             num_layers=cfg.num_aux,
@@ -58,7 +56,7 @@ class DSparkMethod(DFlashMethod):
             mask_token_id=mask_token_id(cfg, train),
             markov_rank=settings(train).markov_rank,
             markov_head=settings(train).markov_head,
-            layer_ids=dflash_serving.target_layer_ids(aux_layers, model_type),
+            layer_ids=layer_ids,
         )
 
 

@@ -96,13 +96,7 @@ class Eagle3Method:
         return EagleDrafter(cast(Eagle3Draft, model))
 
     def sglang_config(
-        self,
-        cfg: DraftConfig,
-        layer_ids: list[int],
-        *,
-        aux_layers: list[int],
-        model_type: str,
-        train: TrainConfig | None = None,
+        self, cfg: DraftConfig, layer_ids: list[int], *, train: TrainConfig | None = None
     ) -> dict[str, Any]:
         return serving.sglang_config(cfg, layer_ids, self.flags)
 
