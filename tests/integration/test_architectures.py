@@ -65,6 +65,15 @@ def write_rows(path: Path, *, reasoning: bool) -> Path:
     return path
 
 
+def prepare_and_extract(cfg: PipelineConfig, store: RunStore, model: Path) -> None:
+    """prepare, then every shard extracted by cfg's engine, each complete."""
+    prepare(cfg, store, model)
+    engine = build_engine(cfg, model)
+    info = open_run(cfg, store, model, engine.info)
+    for shard in range(len(QUESTIONS) // 2):
+        assert extract_shard(store, shard, engine, info).status == "complete"
+
+
 def pipeline_config(tmp: Path, model: Path, arch: str) -> PipelineConfig:
     """The demo's settings, shrunk. Qwen3 runs with a thinking template and enable_thinking, as it is served."""
     qwen3 = arch.startswith("Qwen3")
@@ -174,11 +183,7 @@ def test_a_family_sglang_captures_for_block_drafters_only_trains_and_evaluates_a
     cfg = PipelineConfig.model_validate({**base.model_dump(), "stages": stages, "train": train, "evaluate": evaluate,
                                          "extract": {"aux_layers": BLOCK_LAYERS}})  # fmt: skip
     store = RunStore(cfg.run_dir)
-    prepare(cfg, store, model)
-    engine = build_engine(cfg, model)
-    info = open_run(cfg, store, model, engine.info)
-    for shard in range(len(QUESTIONS) // 2):
-        assert extract_shard(store, shard, engine, info).status == "complete"
+    prepare_and_extract(cfg, store, model)
     assert verify_run(store).clean
     convert(cfg, store)
     out = tmp_path / "train"

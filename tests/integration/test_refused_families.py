@@ -12,11 +12,9 @@ import pytest
 
 from eagle3.checks.preflight import PreflightError, check_run
 from eagle3.convert import convert
-from eagle3.data.prepare import prepare
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.evaluate.offline import evaluate_offline
 from eagle3.extract.engines import build_engine
-from eagle3.extract.shard import extract_shard, open_run
 from eagle3.release.export import ExportError, export_draft
 from eagle3.serving.layers import LayerMappingError
 from eagle3.store.run_store import RunStore
@@ -24,7 +22,7 @@ from eagle3.target.families import REFUSED_ARCHITECTURES
 from eagle3.target.tiny import ensure_tiny_model
 from eagle3.train.job import TrainJob
 from eagle3.train.trainer import Trainer
-from tests.integration.test_architectures import QUESTIONS, REPO, pipeline_config
+from tests.integration.test_architectures import REPO, pipeline_config, prepare_and_extract
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -45,11 +43,7 @@ def test_a_transformers_store_trains_but_no_stage_gives_sglang_a_draft_of_anothe
     trained_only = cfg.model_copy(update={"stages": ["prepare", "extract", "convert", "train", "evaluate"]})
     check_run(trained_only, model)  # nothing served: the residual stream is trained on and evaluated offline
     store = RunStore(cfg.run_dir)
-    prepare(cfg, store, model)
-    engine = build_engine(cfg, model)
-    info = open_run(cfg, store, model, engine.info)
-    for shard in range(len(QUESTIONS) // 2):
-        assert extract_shard(store, shard, engine, info).status == "complete"
+    prepare_and_extract(cfg, store, model)
     assert json.loads((Path(cfg.run_dir) / "run.json").read_text())["tap"] == "residual"
     convert(cfg, store)
     out = tmp_path / "train"
