@@ -159,7 +159,11 @@ def test_a_server_killed_mid_synthesize_is_restarted_and_every_sample_is_kept_on
 def test_requests_that_keep_timing_out_are_given_up_per_row_after_the_retries_with_a_rid_each(
     tmp_path: Path, demo_model: Path, server: SGLangServer
 ) -> None:
-    cfg = config(tmp_path / "run", demo_model, PROMPTS, request_timeout_s=0.01, request_retries=1)
+    # 1 ms and 256 new tokens: no answer can come back in time. With 10 ms and 24 tokens, a short greedy answer
+    # ("The sky is blue.") once did, on a warm server, and its row was not among the failed.
+    cfg = config(
+        tmp_path / "run", demo_model, PROMPTS, request_timeout_s=0.001, request_retries=1, max_new_tokens=256
+    )
     out = synth.synthesize(cfg, RunStore(cfg.run_dir), demo_model, servers=[server])
     assert sorted(f.row for f in out.summary.failed) == [f"{PROMPTS}:{i}" for i in range(3)]  # each row, reported
     for f in out.summary.failed:
