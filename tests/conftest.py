@@ -8,6 +8,8 @@ operator, deploy/run_tests.sh forwarding one):
 * Every process the session starts inherits SESSION_ENV; at the very end (after the session fixtures' teardown)
   the project's processes that still carry this session's mark (Prefect servers and workers, SGLang servers and
   their keepers, torchrun, eagle3) are listed, killed, and fail the run.
+* pytest killed with SIGKILL (no teardown, no end of session): tests/reaper.py, started at session start, sees its
+  pipe from pytest close and ends every process that carries this session's mark.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import contextlib
 import os
 import secrets
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +27,13 @@ from typing import Any
 
 import pytest
 
+from tests import reaper
+
 pytest_plugins = ["tests.timing"]  # time per directory and marker, and the budget (docs/testing.md)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO / "data"
-SESSION_ENV = "PYTEST_PROJECT_SESSIONS"  # not EAGLE3_*: the SGLang launch drops those from the server's environment
+SESSION_ENV = reaper.SESSION_ENV  # not EAGLE3_*: the SGLang launch drops those from the server's environment
 PROJECT_SIGNS = ("prefect", "sglang", "eagle3", "torch.distributed", "torchrun", "eagle3.train.worker", "uvicorn")
 # Servers stopped by the last teardown (SIGTERM, grace) may take a few seconds to go.
 LEFTOVER_WAIT_S = float(os.environ.get("PYTEST_LEFTOVER_WAIT_S", "20"))
@@ -97,6 +103,24 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # Appended: a pytest run started by a test (tests/integration/test_no_leftovers.py) marks its processes for both.
     os.environ[SESSION_ENV] = " ".join(filter(None, [os.environ.get(SESSION_ENV, ""), token]))
     signal.signal(signal.SIGTERM, _on_sigterm)
+    _SESSION["reaper"] = start_reaper(token)
+
+
+def start_reaper(token: str) -> tuple[subprocess.Popen[bytes], int]:
+    """tests/reaper.py for this session, and the pipe's write end (closed by this process's death)."""
+    from eagle3.serving import procs
+
+    ticks = procs.start_ticks(os.getpid())
+    r, w = os.pipe()  # close-on-exec: no other child of this process gets `w`
+    env = {k: v for k, v in os.environ.items() if k != SESSION_ENV}  # unmarked: it never lists itself
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", reaper.__file__, str(REPO), str(os.getpid()), str(ticks), token, str(r)],
+            pass_fds=(r,), env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+    finally:
+        os.close(r)
+    return proc, w
 
 
 def session_processes(token: str) -> list[tuple[int, str]]:
@@ -130,6 +154,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     token = _SESSION.get("token")
     if token is None:
         return
+    if (started := _SESSION.pop("reaper", None)) is not None:  # torn down: the reaper has nothing to do
+        proc, w = started
+        with contextlib.suppress(OSError):
+            os.write(w, reaper.DONE)
+        os.close(w)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
     deadline = time.monotonic() + LEFTOVER_WAIT_S
     left = session_processes(token)
     while left and time.monotonic() < deadline:
