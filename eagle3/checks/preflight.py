@@ -113,6 +113,7 @@ def check_stages(
     problems = devices + vocab_problems(cfg)
     problems += launch_args_problems(cfg)
     problems += length_problems(cfg, model_dir)
+    problems += sparse_attention_problems(cfg, model_dir)
     if problems:
         where = "" if on_nodes else ", on this worker"
         raise PreflightError(f"Refused before the first stage{where}:\n  " + "\n  ".join(problems))
@@ -199,6 +200,25 @@ def length_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]:
         f"({why}); extraction would fail every longer sample. Set data.max_length to {tokens} or less (prepare "
         "then reports the longer rows as bad rows, or cuts them with data.truncate), or raise "
         "server.max_total_tokens."
+    ]
+
+
+def sparse_attention_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]:
+    """DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: config `index_topk`) in transformers 5.19 is not causal in a
+    prefill longer than index_topk tokens: its indexer picks each query's keys among later tokens too (a tiny
+    V3.2's logits at token 10 of 20 change with tokens 11-19; docs/models.md). SGLang's is causal, so a store the
+    transformers engine extracts from such samples is not what the server feeds the draft."""
+    if "extract" not in cfg.stages or cfg.server.engine != "transformers":
+        return []
+    text = text_config(read_target_config(model_dir))
+    topk = text.get("index_topk")
+    if topk is None or cfg.data.max_length <= int(topk):
+        return []
+    return [
+        f"data.max_length: {cfg.data.max_length}, but {model_dir}/config.json's index_topk is {topk} (DeepSeek "
+        "Sparse Attention): transformers' prefill of a longer sample lets each token's indexer pick later tokens, "
+        "so its hidden states are not the ones SGLang computes and feeds the draft. Set server.engine: sglang, or "
+        f"data.max_length to {topk} or less."
     ]
 
 

@@ -66,7 +66,8 @@ class DraftConfig:
                 notes.append(f"target rope_type {kind!r}: the draft uses plain RoPE at theta {theta:g}")
             return cls(
                 hidden_size=h,
-                intermediate_size=int(text["intermediate_size"]),
+                # LongCat-Flash names its dense MLP's width ffn_hidden_size
+                intermediate_size=int(text.get("intermediate_size") or text["ffn_hidden_size"]),
                 num_heads=nh,
                 num_kv_heads=nkv,
                 head_dim=hd,

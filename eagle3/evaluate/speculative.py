@@ -47,12 +47,16 @@ class Target:
 
     def new_cache(self) -> Any:
         """An empty cache for one decode. A model with recurrent layers (linear attention, short convolutions,
-        Mamba: Qwen3-Next, Qwen3.5, LFM2, Nemotron-H) needs the cache its config builds, with a state per such layer;
-        an attention-only model keeps the plain one (a full layer per decoder layer, which crops anywhere)."""
+        Mamba: Qwen3-Next, Qwen3.5, LFM2, Nemotron-H) needs the cache its config builds, with a state per such layer,
+        and so does one with an attention indexer (DeepSeek-V3.2's sparse attention keeps its indexer's keys; those
+        layers crop as plain ones do); any other model keeps the plain one (a full layer per decoder layer, which
+        crops anywhere, where the config's may slide)."""
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicIndexedLayer
 
         cache = DynamicCache(config=self.model.config)
-        return cache if is_recurrent(cache) else DynamicCache()
+        indexed = any(isinstance(layer, DynamicIndexedLayer) for layer in cache.layers)
+        return cache if is_recurrent(cache) or indexed else DynamicCache()
 
 
 def is_recurrent(cache: Any) -> bool:

@@ -56,7 +56,7 @@ from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, 
 from eagle3.store.paths import EXPORT_FILE, FIRST_METHOD, RunPaths
 from eagle3.store.run_store import RunInfo, RunStore, now, read_record
 from eagle3.target.families import RESIDUAL, TAPS, block_drafter_problem
-from eagle3.target.files import model_fingerprint, sha256_file
+from eagle3.target.files import layer_count, model_fingerprint, sha256_file
 from eagle3.target.layout import text_config
 
 EXPORT_FORMAT = "eagle3-export/1"
@@ -352,7 +352,7 @@ def _check_served_tap(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, 
 
 def _check_same_target(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, model_dir: Path) -> None:
     text = text_config(target_cfg)
-    facts = (int(text["hidden_size"]), int(text["vocab_size"]), int(text["num_hidden_layers"]))
+    facts = (int(text["hidden_size"]), int(text["vocab_size"]), layer_count(target_cfg, text))
     if facts != (info.hidden_size, info.vocab_size, info.num_layers):
         raise ExportError(
             f"{run_dir}/run.json (hidden {info.hidden_size}, vocab {info.vocab_size}, {info.num_layers} layers) vs "

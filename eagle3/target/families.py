@@ -13,6 +13,8 @@
                    128-wide heads filling H, as the published DeepSeek-V3 / Kimi drafts are shaped; None: read from
                    the config (a `kv_lora_rank` is MLA)
     tiny           the tiny random-weight target's recipe (tiny.py builds it), or None: a family no test builds
+    layers_keys    the config keys that count its decoder layers, the first one present: what SGLang builds and
+                   numbers its ids by, and HF `hidden_states` has that count + 1 entries
 
 What is the same for every family is not in the rows: the draft's RoPE (the target's when SGLang's Llama draft can
 reproduce it, else plain at the target's theta; DraftConfig.from_target) and where a wrapper keeps the language model
@@ -88,6 +90,7 @@ class Family:
     tap_when: tuple[tuple[str, Tap], ...] = ()
     attention: Attention | None = None
     tiny: TinyRecipe | None = None
+    layers_keys: tuple[str, ...] = ("num_hidden_layers",)
 
     def tap_of(self, text_config: dict[str, Any]) -> Tap:
         """The tap for a model of this family with this (language model) config."""
@@ -416,7 +419,31 @@ FAMILIES: tuple[Family, ...] = (
         ),
     ),
     Family("Gemma3ForConditionalGeneration", ("gemma3",), ("gemma3_mm.py", "gemma3_causal.py"), PLUS_ONE, tap="gemma3"),
-    Family("LongcatFlashForCausalLM", ("longcat_flash",), ("longcat_flash.py",), PLUS_ONE),
+    # Each decoder layer holds two attention blocks and two MLPs; the real config.json says `num_layers` (28), and
+    # SGLang's configs/longcat_flash.py reads num_hidden_layers, else num_layers, as its count of decoder layers.
+    # transformers' num_hidden_layers is a property (2 x num_layers, never saved) and its hidden_states has
+    # num_layers + 1 entries: the decoder layers are what both number.
+    Family(
+        "LongcatFlashForCausalLM",
+        ("longcat_flash",),
+        ("longcat_flash.py",),
+        PLUS_ONE,
+        attention="mla",
+        layers_keys=("num_hidden_layers", "num_layers"),
+        tiny=TinyRecipe(
+            "LongcatFlashConfig",
+            {
+                **{k: v for k, v in TINY_MLA.items() if k != "num_hidden_layers"},
+                "num_layers": 8,  # 16 attention blocks
+                "ffn_hidden_size": 128,
+                "n_routed_experts": 8,
+                "zero_expert_num": 4,  # identity experts: a token may skip the routed ones
+                "moe_topk": 2,
+                "expert_ffn_hidden_size": 32,
+                "routed_scaling_factor": 6.0,
+            },
+        ),
+    ),
     # MiniMax-M3's language model config says model_type minimax_m2 (sglang/srt/configs/minimax_vl.py): one rule.
     Family(
         "MiniMaxM2ForCausalLM",
@@ -466,7 +493,33 @@ FAMILIES: tuple[Family, ...] = (
         ),
     ),
     Family(
-        "DeepseekV32ForCausalLM", ("deepseek_v32",), ("deepseek_v2.py",), FIRST_ID_IS_1, "plus_one", attention="mla"
+        "DeepseekV32ForCausalLM",
+        ("deepseek_v32",),
+        ("deepseek_v2.py",),
+        FIRST_ID_IS_1,
+        "plus_one",
+        attention="mla",
+        tiny=TinyRecipe(
+            "DeepseekV32Config",
+            {
+                **TINY_MLA,
+                "first_k_dense_replace": 1,
+                **TINY_DEEPSEEK_MOE,
+                "routed_scaling_factor": 2.5,
+                "norm_topk_prob": True,
+                "topk_method": "noaux_tc",
+                "scoring_func": "sigmoid",
+                "moe_layer_freq": 1,
+                # the lightning indexer of DeepSeek Sparse Attention, shrunk, with the real top-2048 keys: the tests'
+                # samples are shorter, and transformers' prefill past index_topk is not causal (preflight.py
+                # sparse_attention_problems)
+                "index_n_heads": 2,
+                "index_head_dim": 16,
+                "index_topk": 2048,
+                "rope_parameters": DEEPSEEK_V3_ROPE,
+                "max_position_embeddings": 163840,
+            },
+        ),
     ),
     Family(
         "KimiK25ForConditionalGeneration",

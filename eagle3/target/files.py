@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.target.families import TESTED_ARCHITECTURES
+from eagle3.target.families import TESTED_ARCHITECTURES, family_of
 from eagle3.target.layout import text_config
 
 TOKENIZER_FILES = (
@@ -99,6 +99,14 @@ def read_target_config(model_dir: Path) -> dict[str, Any]:
     return cfg
 
 
+def layer_count(cfg: dict[str, Any], text: dict[str, Any]) -> int:
+    """The decoder layers, as SGLang counts them: its row's layers_keys, the first present (families.py)."""
+    family = family_of(str(text.get("model_type") or cfg.get("model_type", "")))
+    keys = family.layers_keys if family is not None else ("num_hidden_layers",)
+    key = next((k for k in keys if text.get(k) is not None), keys[0])
+    return int(text[key])  # a KeyError names the first key
+
+
 def read_model_facts(model_dir: Path) -> ModelFacts:
     cfg_path = model_dir / "config.json"
     cfg = read_target_config(model_dir)
@@ -106,7 +114,7 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
     try:
         return ModelFacts(
             model_type=str(cfg.get("model_type", "")),
-            num_layers=int(text["num_hidden_layers"]),
+            num_layers=layer_count(cfg, text),
             hidden_size=int(text["hidden_size"]),
             vocab_size=int(text["vocab_size"]),
             architectures=tuple(cfg.get("architectures") or ()),

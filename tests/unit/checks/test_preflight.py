@@ -415,3 +415,35 @@ def test_a_data_max_length_longer_than_the_sglang_server_takes_is_refused_before
         check_stages(cfg(2048, max_total_tokens=16384), model, **NO_GPU)
     with pytest.raises(PreflightError, match=r"at most 505 tokens \(--context-length in server.extra_args: 512,"):
         check_stages(cfg(1024, extra_args=["--context-length", "512"]), model, **NO_GPU)
+
+
+def test_a_sparse_attention_target_on_the_transformers_engine_is_refused_past_its_index_topk(tmp_path: Path) -> None:
+    """DeepSeek-V3.2's indexer in transformers is not causal past index_topk keys (the premise:
+    tests/integration/test_sparse_attention.py): a store from longer samples would not be what SGLang feeds."""
+    v32 = target(tmp_path, "deepseek_v32", "DeepseekV32ForCausalLM", index_topk=2048)
+
+    def cfg(max_length: int, engine: str = "transformers") -> PipelineConfig:
+        return config(tmp_path, data={"dataset": "d", "max_length": max_length}, server={"engine": engine})
+
+    with pytest.raises(PreflightError) as e:
+        check_stages(cfg(4096), v32, **NO_GPU)
+    msg = str(e.value)
+    assert f"data.max_length: 4096, but {v32}/config.json's index_topk is 2048" in msg, msg
+    assert "Set server.engine: sglang, or data.max_length to 2048 or less" in msg, msg
+    check_stages(cfg(2048), v32, **NO_GPU)  # every sample within the keys the indexer keeps: dense, causal
+    check_stages(cfg(4096, "sglang"), v32, **NO_GPU)  # SGLang's indexer is causal
+
+
+def test_longcat_flash_counts_its_decoder_layers_by_num_layers_as_sglang_does(tmp_path: Path) -> None:
+    """Its config.json says num_layers (each decoder layer holds two attention blocks); SGLang builds and numbers
+    that many layers, and transformers' hidden_states has that many + 1 entries."""
+    from eagle3.target.files import ModelError, read_model_facts
+
+    d = tmp_path / "longcat"
+    d.mkdir()
+    facts = {"num_layers": 28, "hidden_size": 64, "vocab_size": 100}
+    (d / "config.json").write_text(json.dumps({"model_type": "longcat_flash", **facts}))
+    assert read_model_facts(d).num_layers == 28
+    (d / "config.json").write_text(json.dumps({"model_type": "llama", **facts}))
+    with pytest.raises(ModelError, match="missing 'num_hidden_layers'"):  # any other family: num_hidden_layers
+        read_model_facts(d)

@@ -23,7 +23,7 @@ from eagle3.target.families import (
     family_of,
     servable,
 )
-from eagle3.target.files import ModelError
+from eagle3.target.files import ModelError, layer_count
 from eagle3.target.install import installing
 from eagle3.target.layout import HEAD_KEYS, LM_PREFIXES, text_config
 from eagle3.target.tiny import ARCHITECTURES, VOCAB, tiny_config
@@ -49,8 +49,8 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
         "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
         "MistralForCausalLM", "Phi3ForCausalLM", "Llama4ForCausalLM", "ApertusForCausalLM", "Qwen2ForCausalLM",
         "Qwen2MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-        "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "MiniMaxM2ForCausalLM",
-        "DeepseekV2ForCausalLM", "Glm4MoeLiteForCausalLM",
+        "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "LongcatFlashForCausalLM",
+        "MiniMaxM2ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM", "Glm4MoeLiteForCausalLM",
     )  # fmt: skip
     assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM",)  # a tiny target to prove the refusals on
     assert BLOCK_DRAFTER_ARCHITECTURES == (
@@ -64,7 +64,8 @@ def test_every_recipe_builds_a_transformers_config_of_its_rows_model_type(family
     assert hasattr(transformers, family.tiny.config_class)
     cfg = tiny_config(family.architecture)
     assert cfg.model_type in family.model_types and cfg.architectures == [family.architecture]
-    assert cfg.vocab_size == VOCAB and cfg.num_hidden_layers == 8
+    saved = {**cfg.to_dict(), **family.tiny.config_json}  # what config.json will say (tiny.py)
+    assert cfg.vocab_size == VOCAB and layer_count(saved, saved) == 8  # decoder layers, as SGLang counts them
     # the row's attention is what probing the config would say: the draft is the same as before the table
     assert family.attention == ("mla" if getattr(cfg, "kv_lora_rank", None) else "gqa")
 
