@@ -26,7 +26,7 @@ from eagle3.draft.method import MethodError
 from eagle3.draft.methods import method_named
 from eagle3.extract.shard import store_dtype_of
 from eagle3.serving.aux_layers import resolve_aux_layers
-from eagle3.serving.launch_args import capture_args_problem
+from eagle3.serving.launch_args import capture_args_problem, flag_values
 from eagle3.serving.layers import eagle3_serving_problem
 from eagle3.store.run_store import RunStore
 from eagle3.target.families import block_drafter_problem
@@ -170,9 +170,7 @@ def sglang_longest_prompt(cfg: PipelineConfig, model_dir: Path) -> tuple[int, st
     """The longest prompt a launched SGLang server of this config takes, and where it comes from; None when it
     cannot be known before the server starts (no server.max_total_tokens: the pool is sized from free memory, and
     the target's context bounds it only)."""
-    args = cfg.server.extra_args
-    given = [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--context-length"]
-    given += [a.split("=", 1)[1] for a in args if a.startswith("--context-length=")]
+    given = flag_values(cfg.server.extra_args, "--context-length")
     context = text_config(read_target_config(model_dir)).get("max_position_embeddings")
     bounds = [(int(given[-1]), "--context-length in server.extra_args")] if given else []
     if not given and context:

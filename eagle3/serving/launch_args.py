@@ -1,6 +1,7 @@
 """SGLang launch flags that silently skip the capture, refused in the servers' own flags (`server.extra_args`).
 
     capture_args_problem(server)   why `server.extra_args` would leave layers uncaptured, or None
+    flag_values(args, flag)        what `args` gives a flag SGLang reads (its argparse prefixes too)
 
 Read in SGLang 0.5.23's model files (TWO_BATCH_OVERLAP_SKIPS): with `--enable-two-batch-overlap`, a batch that can
 be split (`forward_batch.can_run_tbo`) runs its layers (all of them, or those after the dense ones) through
@@ -28,8 +29,8 @@ CAPTURE_SKIPPING_FLAGS: dict[str, str] = {
     "missing from whichever batches it splits, with no error",
 }
 #: argparse takes any unambiguous prefix of a flag (SGLang's parser keeps allow_abbrev): the shortest prefix of each
-#: flag above that no other SGLang flag shares.
-_SHORTEST: dict[str, str] = {"--enable-two-batch-overlap": "--enable-tw"}
+#: flag read here that no other SGLang 0.5.23 flag shares (--context-bucket shares "--context-").
+_SHORTEST: dict[str, str] = {"--enable-two-batch-overlap": "--enable-tw", "--context-length": "--context-l"}
 
 
 def _flag_named(arg: str) -> str | None:
@@ -40,11 +41,26 @@ def _flag_named(arg: str) -> str | None:
     return None
 
 
+def flag_values(args: list[str], flag: str) -> list[str]:
+    """The values `args` gives `flag` (one of _SHORTEST's), as SGLang's parser reads them: `--flag v` or
+    `--flag=v`, the flag or any unambiguous prefix of it; the last one is the one SGLang keeps."""
+    out = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if _flag_named(name) != flag:
+            continue
+        if eq:
+            out.append(value)
+        elif i + 1 < len(args):
+            out.append(args[i + 1])
+    return out
+
+
 def capture_args_problem(server: ServerConfig) -> str | None:
     """Why SGLang launched with `server.extra_args` would skip the capture of some layers, naming the key, the flag
     and the fix; None when nothing there does. An attached server (`server.url`) was launched elsewhere: its flags
     are not ours to read."""
-    found = [(arg, flag) for arg in server.extra_args if (flag := _flag_named(arg)) is not None]
+    found = [(arg, flag) for arg in server.extra_args if (flag := _flag_named(arg)) in CAPTURE_SKIPPING_FLAGS]
     if not found:
         return None
     arg, flag = found[0]

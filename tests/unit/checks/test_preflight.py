@@ -413,8 +413,9 @@ def test_a_data_max_length_longer_than_the_sglang_server_takes_is_refused_before
     (model / "config.json").write_text(json.dumps({**facts, "max_position_embeddings": 2048}))
     with pytest.raises(PreflightError, match=r"at most 2041 tokens \(the target's context \(max_position_embeddings"):
         check_stages(cfg(2048, max_total_tokens=16384), model, **NO_GPU)
-    with pytest.raises(PreflightError, match=r"at most 505 tokens \(--context-length in server.extra_args: 512,"):
-        check_stages(cfg(1024, extra_args=["--context-length", "512"]), model, **NO_GPU)
+    for given in (["--context-length", "512"], ["--context-l=512"], ["--context-len", "99", "--context-length", "512"]):
+        with pytest.raises(PreflightError, match=r"at most 505 tokens \(--context-length in server.extra_args: 512,"):
+            check_stages(cfg(1024, extra_args=given), model, **NO_GPU)  # argparse's prefixes, the last value wins
 
 
 def test_a_sparse_attention_target_on_the_transformers_engine_is_refused_past_its_index_topk(tmp_path: Path) -> None:
