@@ -27,6 +27,7 @@ from eagle3.evaluate.offline import (
     offline_dtype,
     read_offline_result,
 )
+from eagle3.evaluate.sizes import sized_here
 from eagle3.release.export import default_export_dir
 from eagle3.store.paths import RunPaths
 from eagle3.store.run_store import RunStore
@@ -174,6 +175,7 @@ def previous_live(config: PipelineConfig, num_prompts: int) -> LiveEvalResult | 
 def evaluate_task(config: PipelineConfig, model_dir: str) -> EvalSummary:
     """Held-out prompts -> offline acceptance (eval/offline.json) and live speed (eval/live.json)."""
     logger = get_run_logger()
+    config = config.model_copy(update={"evaluate": sized_here(config.evaluate)})  # the size on this worker
     run_dir, model, method = Path(config.run_dir), Path(model_dir), config.train.method
     paths, ev = RunPaths(run_dir).method(method), config.evaluate
     sets = load_eval_sets(ev, ChatTokenizer.from_model_dir(model, config.data))

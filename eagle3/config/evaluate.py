@@ -32,16 +32,28 @@ class EvalSetConfig(StrictModel):
     )
 
 
+#: The evaluation's size where the config leaves it unset, by the device the offline evaluation runs on:
+#: (num_prompts, max_new_tokens).
+EVAL_SIZES: dict[str, tuple[int, int]] = {"cuda": (20, 64), "cpu": (8, 32)}
+
+
 class EvaluateConfig(StrictModel):
     """Acceptance and speed of the draft against the plain target."""
 
-    num_prompts: int = Field(20, gt=0, description="Held-out prompts to evaluate on.")
+    num_prompts: int | None = Field(
+        None,
+        gt=0,
+        description="Held-out prompts to evaluate on. Unset: 20 where the offline evaluation runs on a GPU, 8 on a CPU "
+        "(EVAL_SIZES: the CPU is for the demo and tiny targets, where 20 x 64 tokens costs minutes).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the offline evaluation runs target and draft. `auto` = cuda when available. The "
         "live evaluation serves on the SGLang server (server.device).",
     )  # fmt: skip
     draft_steps: int = Field(3, gt=0, le=16, description="Chain length k of drafted tokens.")
-    max_new_tokens: int = Field(64, gt=0, description="Tokens generated per prompt.")
+    max_new_tokens: int | None = Field(
+        None, gt=0, description="Tokens generated per prompt. Unset: 64 on a GPU, 32 on a CPU (EVAL_SIZES)."
+    )
     dataset: str = Field(
         "data/demo_eval_prompts.jsonl",
         description="Held-out prompts (JSONL, rows like data.dataset's): each row's turns before its last "
@@ -115,6 +127,14 @@ class EvaluateConfig(StrictModel):
         if bad:
             raise ValueError(f"evaluate.compare_steps: chain lengths must be 1..16, got {bad}")
         return steps
+
+    def sized(self, device: str) -> EvaluateConfig:
+        """This config with num_prompts and max_new_tokens set: as given, else EVAL_SIZES for `device` (the
+        offline evaluation's, resolved: "cpu", "cuda" or "cuda:N")."""
+        n, tokens = EVAL_SIZES["cpu" if device == "cpu" else "cuda"]
+        return self.model_copy(
+            update={"num_prompts": self.num_prompts or n, "max_new_tokens": self.max_new_tokens or tokens}
+        )
 
     def eval_sets(self) -> list[EvalSetConfig]:
         """evaluate.sets, or the one set `held-out` from evaluate.dataset (configs without `sets`)."""

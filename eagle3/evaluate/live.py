@@ -37,6 +37,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from eagle3.config import EvaluateConfig, ServerConfig
+from eagle3.evaluate.sizes import new_tokens
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.serving.server import ServerError, SGLangServer, server_device
 from eagle3.store import dump_protocol as proto
@@ -367,7 +368,7 @@ def serve_and_measure(
     with launched:
         startup = time.monotonic() - t0
         run, out = measure(
-            launched.url, prompts, label=label, max_new_tokens=evaluate.max_new_tokens,
+            launched.url, prompts, label=label, max_new_tokens=new_tokens(evaluate),
             timeout_s=evaluate.request_timeout_s, counter=counter,
         )  # fmt: skip
         if then is not None:
@@ -435,7 +436,7 @@ def evaluate_live(
         "draft_dir": str(draft_dir),
         "model_dir": str(model_dir),
         "num_prompts": len(prompts),
-        "max_new_tokens": evaluate.max_new_tokens,
+        "max_new_tokens": new_tokens(evaluate),
         "speculative": spec,
     }
     skip = skip_reason(evaluate, server, device)

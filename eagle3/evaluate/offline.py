@@ -35,6 +35,7 @@ from eagle3.device import resolve_device, torch_device
 from eagle3.draft.checkpoint import resolve_checkpoint
 from eagle3.draft.load import load_draft
 from eagle3.draft.method import Drafter
+from eagle3.evaluate.sizes import new_tokens, sized_here
 from eagle3.evaluate.speculative import Decoded, Round, StepTimes, Target, greedy_decode, speculative_decode, sync
 from eagle3.progress import ProgressCounter, ProgressFn, no_progress
 from eagle3.store.fsio import atomic_write_json, read_json
@@ -112,6 +113,7 @@ def load_eval_prompts(path: Path, chat: ChatTokenizer, limit: int | None = None)
 
 def load_eval_sets(cfg: EvaluateConfig, chat: ChatTokenizer) -> list[EvalPrompts]:
     """Every set of cfg.eval_sets(), loaded."""
+    cfg = sized_here(cfg)
     return [
         load_eval_set(s.name, s.dataset, chat, limit=s.num_prompts or cfg.num_prompts, fmt=s.format, kind=s.kind)
         for s in cfg.eval_sets()
@@ -546,6 +548,7 @@ def evaluate_offline(
     chain length of cfg.chain_lengths(), on cfg.device, the target in cfg.offline_dtype, written to `out`
     (default <run_dir>/eval/offline.json)."""
     info = RunStore(run_dir).require_run_info("evaluate needs the run directory the draft was trained from")
+    cfg = sized_here(cfg)
     if sets is None:
         sets = load_eval_sets(cfg, ChatTokenizer.from_model_dir(Path(model_dir)))
     result = offline_sets(
@@ -554,7 +557,7 @@ def evaluate_offline(
         info.aux_layers,
         sets,
         chain_lengths=cfg.chain_lengths(),
-        max_new_tokens=cfg.max_new_tokens,
+        max_new_tokens=new_tokens(cfg),
         device=cfg.device,
         dtype=offline_dtype(cfg, info.dtype),
         progress=progress,

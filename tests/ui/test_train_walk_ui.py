@@ -4,9 +4,9 @@ copy of the shared demo store: tests/integration/demo_facts.py), submits, and th
 with the deployment's own settings (devices `auto`, the store's vocabulary map); its page says Completed, and its
 artifacts hold the run summary and the evaluation.
 
-It costs what the deployment's defaults cost on a CPU (one training step of the 12 conversations, the evaluation of
-20 prompts x 64 tokens at k = 3 and 5, the live one in SGLang where its environment exists): the price of testing the
-walk as a user meets it."""
+It costs what the deployment's defaults cost on a CPU (one training step of the 12 conversations, the evaluation at
+the CPU's size, 8 prompts x 32 tokens at k = 3 and 5, the live one in SGLang where its environment exists): the price
+of testing the walk as a user meets it."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_the_train_form_given_only_run_dir_completes_on_the_demo_store_on_this_c
 
     open_artifact(page, f"{run_dir.name}-evaluation")
     expect(page.get_by_text("Evaluation of the eagle3 draft").first).to_be_visible()
-    expect(page.get_by_text("64 new tokens, greedy", exact=False).first).to_be_visible()  # the default size
+    expect(page.get_by_text("32 new tokens, greedy", exact=False).first).to_be_visible()  # a CPU's default size
     shot(page, "49-train-walk-evaluation", full_page=True)
     page.go_back()
     open_artifact(page, f"{run_dir.name}-run-summary")
