@@ -44,7 +44,10 @@ lint: venv
 	$(BIN)/ruff check eagle3 flows tasks server_patch deploy tests bench
 	$(BIN)/mypy eagle3 flows tasks server_patch
 
-test: venv lint sglang-env speculators-env
+# The lint and the two other environments side by side (independent of each other; on 2 cores ~1 minute less than
+# one after another), each one's output kept together.
+test: venv
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint sglang-env speculators-env
 	bash deploy/run_tests.sh
 
 # The unit tier alone (no server, no SGLang, no browser), on both cores: about a minute (docs/testing.md).

@@ -38,13 +38,11 @@ else
   # their own Prefect servers): ~4.7 minutes of wall, little CPU, which in the prefect process kept it waiting
   # while the cores idled (81% busy). Self-contained CPU-bound library files fill its waits, so the three processes
   # end together (docs/testing.md, sessions 19 and 21): test_generation, test_retrain with the golden curve (they
-  # share the demo store, a session fixture: one build per process) and the SGLang architectures (~6 minutes).
+  # share the demo store, a session fixture: one build per process), the SGLang architectures (~6 minutes) and, since
+  # session 24 (the train walk's evaluation at a CPU's size, 2 minutes instead of 10), the block drafters.
   waiting="tests/e2e/test_schedule.py tests/e2e/test_crash_any_server.py tests/e2e/test_project_server.py"
-  # Session 23: the train deployment's browser walk (tests/ui/test_train_walk_ui.py, ~8 minutes of a CPU training
-  # and evaluation) made the prefect process the last by ~6 minutes; three end-to-end files (~4 minutes) run here
-  waiting+=" tests/e2e/test_scale_out.py tests/e2e/test_server_owner_flow.py tests/e2e/test_synthesize_sglang_flow.py"
   filling="tests/integration/test_generation.py tests/integration/test_retrain.py tests/integration/test_golden_curve.py"
-  filling+=" tests/integration/test_architectures_sglang.py"
+  filling+=" tests/integration/test_architectures_sglang.py tests/integration/test_block_drafters.py"
   names=(library prefect waiting)
   groups=("tests/integration tests/unit $(printf -- '--ignore=%s ' $filling)"
           "tests/e2e tests/ui $(printf -- '--ignore=%s ' $waiting)"

@@ -1,7 +1,7 @@
 """In-process generation (synthesize, the prompts stage) on the demo model: the static KV cache that a GPU uses by
 default, decoded by our own loop (eagle3.data.decode_loop; eager here: the CUDA graph it replays on a GPU needs
 one), gives the same tokens as transformers' generate with the dynamic cache, greedy and per-row sampled, on the
-first 64 demo prompts, and so does generate's own static cache with prompts left-padded to a multiple of
+first 32 demo prompts, and so does generate's own static cache with prompts left-padded to a multiple of
 STATIC_PAD_MULTIPLE tokens (what models the loop does not fit get); the progress callback, called every few decode
 steps instead of every step, still adds up to every generated token.
 
@@ -44,12 +44,12 @@ def test_the_static_cache_generates_the_tokens_of_the_dynamic_cache_greedy_and_s
 ) -> None:
     model, chat = target
     assert decode_loop.fits(model)  # so static_cache=True below is our loop
-    prompts = first_prompts(chat, 64)
-    scfg = SynthesizeConfig(max_new_tokens=24, temperature=0.0, batch_size=64)
+    prompts = first_prompts(chat, 32)
+    scfg = SynthesizeConfig(max_new_tokens=24, temperature=0.0, batch_size=32)
     greedy = generate_batch(model, chat, prompts, scfg, static_cache=False)
     static = generate_batch(model, chat, prompts, scfg, static_cache=True)
     assert [t.text for t in static] == [t.text for t in greedy]
-    assert sum(t.tokens for t in greedy) > 64 * 8  # answers, not empty turns
+    assert sum(t.tokens for t in greedy) > len(prompts) * 8  # answers, not empty turns
     assert [t.tokens for t in static] == [t.tokens for t in greedy]  # stopped at the same token
 
     sampling = [(0.8 if i % 2 else 0.0, 1000 + i) for i in range(16)]  # half sampled, each row its own seed
@@ -73,7 +73,7 @@ def test_rows_that_finished_leave_the_batch_and_the_others_keep_their_tokens_gre
     every row's tokens are still generate's, greedy and per-row sampled."""
     model, chat = target
     prompts = first_prompts(chat, 16)
-    scfg = SynthesizeConfig(max_new_tokens=64, temperature=0.0, batch_size=16)
+    scfg = SynthesizeConfig(max_new_tokens=48, temperature=0.0, batch_size=16)
     sampling = [(0.8 if i % 2 else 0.0, 2000 + i) for i in range(16)]
     want = [generate_batch(model, chat, prompts, scfg, sampling=rows, static_cache=False) for rows in (None, sampling)]
     compactions: list[int] = []

@@ -47,15 +47,20 @@ def evaluation(cfg: PipelineConfig, model: Path, name: str) -> EvalRecord:
     return EvalRecord(eval_set=eval_set, acceptance_length=off.acceptance_length)
 
 
+@pytest.fixture(scope="module")
+def good(demo_store: PipelineConfig, demo_model: Path) -> Path:
+    """A trained draft's export (40 steps at 3e-3), for both tests: the better draft, and the warm start's source."""
+    return trained_export(demo_store, demo_model, "good", lr=3e-3, max_steps=40)
+
+
 def test_draft_current_moves_to_a_better_draft_and_stays_when_the_new_one_is_worse(
-    demo_store: PipelineConfig, demo_model: Path
+    demo_store: PipelineConfig, demo_model: Path, good: Path
 ) -> None:
     root = Path(demo_store.run_dir)
     bad = trained_export(demo_store, demo_model, "bad", lr=1e-9, max_steps=2)
     first = promote(root, bad, evaluation(demo_store, demo_model, "bad"))
     assert first.promoted and pointed(current_link(root)) == bad.resolve()  # the first draft: nothing to beat
 
-    good = trained_export(demo_store, demo_model, "good", lr=3e-3, max_steps=40)
     better = promote(root, good, evaluation(demo_store, demo_model, "good"))
     assert better.promoted, better.reason
     assert better.candidate_eval.acceptance_length > first.candidate_eval.acceptance_length
@@ -70,9 +75,9 @@ def test_draft_current_moves_to_a_better_draft_and_stays_when_the_new_one_is_wor
 
 
 def test_a_warm_start_begins_from_the_previous_draft_and_learns_faster_than_a_fresh_one(
-    demo_store: PipelineConfig, demo_model: Path, tmp_path: Path
+    demo_store: PipelineConfig, demo_model: Path, tmp_path: Path, good: Path
 ) -> None:
-    previous = trained_export(demo_store, demo_model, "previous", lr=3e-3, max_steps=30)
+    previous = good
     weights = load_file(str(previous / "model.safetensors"))
     with train(demo_store, demo_model, tmp_path / "warm", init_from=previous, lr=1e-4, max_steps=3) as warm:
         assert warm.warm is not None and warm.warm.lm_head_rows == warm.warm.draft_vocab  # same store, same vocab
