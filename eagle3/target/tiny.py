@@ -13,6 +13,7 @@ plain for the others. The draft does not copy yarn: eagle3/draft/shape.py DraftC
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -25,7 +26,7 @@ from eagle3.target.files import TOKENIZER_FILES, ModelError, model_fingerprint
 from eagle3.target.install import installing
 
 #: Bumped when a recipe (families.py) or _COMMON changes, so cached directories are rebuilt.
-TINY_VERSION = 3
+TINY_VERSION = 4  # 4: recipes no longer see a rope_parameters changed by the family built before them
 SEED = 1234
 VOCAB = 49152  # the demo tokenizer's; every tiny config must match it (read_model_facts vs tokenizer check)
 
@@ -67,7 +68,9 @@ def tiny_config(arch: str) -> Any:
     tiny = recipe(arch)
     import transformers
 
-    cfg = getattr(transformers, tiny.config_class)(**{**_COMMON, **tiny.overrides})
+    # A copy: config classes change the dicts they are given in place (Phi-3 adds partial_rotary_factor to
+    # rope_parameters, Gemma a dict per layer type), and the next family built in this process would inherit it.
+    cfg = getattr(transformers, tiny.config_class)(**copy.deepcopy({**_COMMON, **tiny.overrides}))
     cfg.architectures = [arch]
     return cfg
 

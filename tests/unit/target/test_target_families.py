@@ -149,3 +149,11 @@ def test_docs_models_prints_every_row_with_its_rule_and_tap() -> None:
         line = next((ln for ln in table.splitlines() if ln.startswith(f"| {f.architecture} |")), None)
         assert line is not None, f"docs/models.md has no row for {f.architecture}: print FAMILIES again"
         assert f" {f.sglang_rule or '-'} | {f.dflash_rule or '-'} | {f.tap}" in line, line
+
+
+def test_a_recipes_config_is_the_same_whatever_was_built_before_it_in_the_process() -> None:
+    """Config classes change the dicts they are given (Phi-3's rope_parameters gains partial_rotary_factor, Gemma's
+    a dict per layer type): a tiny target must not depend on which family the same process built before it."""
+    alone = {arch: tiny_config(arch).to_dict() for arch in reversed(ARCHITECTURES)}
+    for arch in ARCHITECTURES:
+        assert tiny_config(arch).to_dict() == alone[arch], arch
