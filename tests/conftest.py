@@ -128,18 +128,7 @@ def session_processes(token: str) -> list[tuple[int, str]]:
     from eagle3.serving import procs
 
     out = []
-    for pid in procs.pids():
-        if pid == os.getpid() or procs.is_zombie(pid):
-            continue
-        try:
-            env = (Path("/proc") / str(pid) / "environ").read_bytes()
-        except OSError:
-            continue
-        if f"{SESSION_ENV}=".encode() not in env:
-            continue
-        marks = next((v for v in env.split(b"\0") if v.startswith(f"{SESSION_ENV}=".encode())), b"")
-        if token.encode() not in marks.split(b"=", 1)[1].split():
-            continue
+    for pid in reaper.marked(token):
         line = " ".join(procs.cmdline(pid))
         if EPHEMERAL_PREFECT in line and procs.parent(pid) == os.getpid():
             continue  # Prefect's own temporary server of this process: Prefect stops it at exit (atexit)

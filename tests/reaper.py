@@ -32,7 +32,7 @@ POLL_S = 1.0
 
 
 def marked(token: str) -> list[int]:
-    """Live processes whose SESSION_ENV names `token` (zombies excluded)."""
+    """Live processes whose SESSION_ENV names `token`, this one and zombies excluded."""
     from eagle3.serving import procs
 
     key = f"{SESSION_ENV}=".encode()

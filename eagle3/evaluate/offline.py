@@ -548,7 +548,6 @@ def evaluate_offline(
     chain length of cfg.chain_lengths(), on cfg.device, the target in cfg.offline_dtype, written to `out`
     (default <run_dir>/eval/offline.json)."""
     info = RunStore(run_dir).require_run_info("evaluate needs the run directory the draft was trained from")
-    cfg = sized_here(cfg)
     if sets is None:
         sets = load_eval_sets(cfg, ChatTokenizer.from_model_dir(Path(model_dir)))
     result = offline_sets(

@@ -66,6 +66,8 @@ TAPS: dict[str, str] = {
 }
 
 Attention = Literal["gqa", "mla"]
+#: The config key that counts a model's decoder layers, for every family but those whose row says otherwise.
+LAYERS_KEYS: tuple[str, ...] = ("num_hidden_layers",)
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class Family:
     tap_when: tuple[tuple[str, Tap], ...] = ()
     attention: Attention | None = None
     tiny: TinyRecipe | None = None
-    layers_keys: tuple[str, ...] = ("num_hidden_layers",)
+    layers_keys: tuple[str, ...] = LAYERS_KEYS
 
     def tap_of(self, text_config: dict[str, Any]) -> Tap:
         """The tap for a model of this family with this (language model) config."""

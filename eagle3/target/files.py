@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eagle3.target.families import TESTED_ARCHITECTURES, family_of
+from eagle3.target.families import LAYERS_KEYS, TESTED_ARCHITECTURES, family_of
 from eagle3.target.layout import text_config
 
 TOKENIZER_FILES = (
@@ -102,7 +102,7 @@ def read_target_config(model_dir: Path) -> dict[str, Any]:
 def layer_count(cfg: dict[str, Any], text: dict[str, Any]) -> int:
     """The decoder layers, as SGLang counts them: its row's layers_keys, the first present (families.py)."""
     family = family_of(str(text.get("model_type") or cfg.get("model_type", "")))
-    keys = family.layers_keys if family is not None else ("num_hidden_layers",)
+    keys = family.layers_keys if family is not None else LAYERS_KEYS
     key = next((k for k in keys if text.get(k) is not None), keys[0])
     return int(text[key])  # a KeyError names the first key
 

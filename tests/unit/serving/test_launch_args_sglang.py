@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from eagle3.serving import launch_args
+from tests.integration.sglang_support import SGLANG_PYTHON, require_sglang_env
 
-REPO = Path(__file__).resolve().parents[3]
-PYTHON = REPO / ".venv-sglang" / "bin" / "python"
 DUMP = """
 import argparse, json
 from sglang.srt.server_args import ServerArgs
@@ -26,10 +24,9 @@ pytestmark = pytest.mark.sglang
 
 
 def test_each_prefix_read_is_the_shortest_one_sglangs_parser_takes_for_its_flag() -> None:
-    if not PYTHON.exists():
-        pytest.skip("no SGLang environment (.venv-sglang): make sglang-env")
-    env = {**os.environ, "LD_LIBRARY_PATH": str(REPO / ".venv-sglang" / "stub")}  # the stub libcuda on a CPU box
-    out = subprocess.run([str(PYTHON), "-c", DUMP], env=env, capture_output=True, text=True, timeout=300)
+    require_sglang_env()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(SGLANG_PYTHON.parent.parent / "stub")}  # the stub libcuda on a CPU
+    out = subprocess.run([str(SGLANG_PYTHON), "-c", DUMP], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     parser = json.loads(out.stdout.strip().splitlines()[-1])
     assert parser["allow_abbrev"]  # else only the full flags count, and the prefixes need not be read
