@@ -47,7 +47,12 @@ class DataConfig(DatasetRef):  # dataset, subset, split, revision: DatasetRef's
     truncate: bool = Field(
         False, description="Cut samples longer than max_length instead of reporting them as bad rows."
     )
-    max_samples: int | None = Field(None, gt=0, description="Use at most this many rows (None: all).")
+    max_samples: int | None = Field(
+        None,
+        gt=0,
+        description="Use at most this many rows (None: all); with synthesize, each kept row keeps "
+        "all its answers (synthesize.samples_per_prompt).",
+    )
     shard_size: int = Field(2000, gt=0, le=1_000_000, description="Samples per shard.")
     on_bad_row: Literal["skip", "fail"] = Field(
         "skip", description="`skip` reports bad rows (file, row, reason) and goes on; `fail` stops the stage."

@@ -270,14 +270,18 @@ def write_prepared(
     stage: str = "prepare",
     fmt: RowFormat | None = None,
     files: list[SourceFile] | None = None,
+    capped: bool = True,
 ) -> PreparedManifest:
     """Tokenize rows into prepared shards from shard 0 and write the manifest (the one tokenization path).
-    `files`: the source files read (recorded as the first intake, so later intakes take in only new ones)."""
+    `files`: the source files read (recorded as the first intake, so later intakes take in only new ones).
+    `capped`: stop at data.max_samples rows; synthesize passes False (its rows are the capped source's answers,
+    samples_per_prompt of each)."""
     manifest_path = store.prepared_manifest_path
     manifest_path.unlink(missing_ok=True)  # no manifest while shards are rewritten: a crash is not "done"
-    counter = _progress(stage, total, data.max_samples, report)
+    limit = data.max_samples if capped else None
+    counter = _progress(stage, total, limit, report)
     writer = _ShardWriter(store, data.shard_size)
-    tally = _tokenize_rows(rows, chat, data, writer, counter, known=set(), limit=data.max_samples, fmt=fmt)
+    tally = _tokenize_rows(rows, chat, data, writer, counter, known=set(), limit=limit, fmt=fmt)
     writer.remove_stale()
     intakes = []
     if files is not None:
@@ -418,12 +422,14 @@ def append_prepared(
     report: ProgressFn = no_progress,
     stage: str = "prepare",
     fmt: RowFormat | None = None,
+    capped: bool = True,
 ) -> PreparedManifest:
     """Append the rows whose sample id is not in `known` as new prepared shards after `old`'s last one and record
     the intake (`files` read, `missing` files); the manifest is written last, so a kill before it leaves the old
-    manifest and the new shards unlisted. Existing shards are never rewritten (prepare's intake, synthesize)."""
+    manifest and the new shards unlisted. Existing shards are never rewritten (prepare's intake, synthesize).
+    `capped`: as write_prepared's."""
     missing = missing or []
-    limit = None if data.max_samples is None else max(0, data.max_samples - old.num_samples)
+    limit = None if data.max_samples is None or not capped else max(0, data.max_samples - old.num_samples)
     counter = _progress(stage, total, limit, report)
     writer = _ShardWriter(store, data.shard_size, first=len(old.shards))
     tally = _tokenize_rows(rows, chat, data, writer, counter, known=known, limit=limit, fmt=fmt)

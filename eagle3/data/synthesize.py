@@ -477,7 +477,7 @@ def synthesize(
         new_files = {k: v for i in since for k, v in i.files.items()}
         manifest = append_prepared(
             store, current, rows, chat, cfg.data, known=known, total=total, fingerprint=prepared_fp,
-            files=new_files, report=report, stage="synthesize-tokenize", fmt="openai",
+            files=new_files, report=report, stage="synthesize-tokenize", fmt="openai", capped=False,
         )  # fmt: skip
         if since and len(manifest.intakes) > len(current.intakes):  # what the source's intakes saw, recorded here too
             last = manifest.intakes[-1]
@@ -494,6 +494,7 @@ def synthesize(
         manifest = write_prepared(
             rows, chat, cfg.data, store, dataset=synthesized_name(cfg.data.dataset), fingerprint=prepared_fp,
             tokenizer_sha256=tok_sha, total=total, report=report, stage="synthesize-tokenize", fmt="openai",
+            capped=False,  # data.max_samples cut the source; each of its rows has samples_per_prompt answers
         )  # fmt: skip
         bad = [*source.bad_rows, *manifest.bad_rows]
         manifest = manifest.model_copy(

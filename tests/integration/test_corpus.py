@@ -145,3 +145,21 @@ def test_synthesize_answers_each_prompt_several_times_goes_on_as_the_user_and_re
     assert n < m.num_samples <= 2 * n  # distinct sample ids (two equal answers would be one sample)
     ids = [s.sample_id for i in range(len(m.shards)) for s in store.prepared_samples(i)]
     assert len(set(ids)) == len(ids)
+
+
+def test_max_samples_cuts_the_source_rows_not_their_answers(
+    corpus: tuple[PipelineConfig, pg.PromptsSummary, str], tmp_path: Path, demo_model: Path
+) -> None:
+    """data.max_samples = 2 with two answers per prompt: four samples, not the first two of them (the long-context
+    run on the H100 found its base store holding half the answers it had generated)."""
+    cfg = _config(tmp_path, temperature=0.9, samples_per_prompt=2, include_greedy=True)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"max_samples": 2})})
+    pg.corpus_path(cfg).parent.mkdir(parents=True)
+    pg.corpus_path(cfg).write_text(corpus[2])
+    store = RunStore(cfg.run_dir)
+    assert prepare(cfg, store, demo_model).num_samples == 2
+    result = synth.synthesize(cfg, store, demo_model)
+    records = [json.loads(line) for line in synth.synthesized_shard_path(store, 0).open()]
+    assert result.summary.samples == len(records) == 4
+    distinct = {json.dumps(r["messages"]) for r in records}  # two equal answers would be one sample
+    assert result.manifest.num_samples == len(distinct) > 2
