@@ -58,9 +58,10 @@ def target_head_keys(target_cfg: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """Candidate keys of the target's embedding and lm_head (tied: the embedding is the head), for
     load_target_tensors: a causal LM's, or a multimodal wrapper's around its language model."""
     embedding = tuple(p + name for p in LM_PREFIXES for name in EMBEDDING_NAMES)
-    text = text_config(target_cfg)
-    tied = bool(text.get("tie_word_embeddings", target_cfg.get("tie_word_embeddings", False)))
-    return {"embedding": embedding, "lm_head": embedding if tied else HEAD_KEYS}
+    # A wrapper may say it at either level, and transformers ties by the one its class reads (Gemma-4's wrapper:
+    # the top level's True over text_config's False): a saved head comes first, else the embedding is the head.
+    tied = any(c.get("tie_word_embeddings", False) for c in (text_config(target_cfg), target_cfg))
+    return {"embedding": embedding, "lm_head": (*HEAD_KEYS, *embedding) if tied else HEAD_KEYS}
 
 
 @dataclass(frozen=True)

@@ -77,8 +77,13 @@ class TinyRecipe:
     config_class: str
     overrides: dict[str, Any] = field(default_factory=dict)
     #: Keys the real checkpoints' config.json carries that the transformers class does not write back (it derives
-    #: them, or never reads them) and SGLang reads: merged into the saved config.json.
+    #: them, or never reads them) and SGLang reads: merged into the saved config.json (a wrapper's: into its
+    #: text_config, and a `vision_config` entry into its vision_config).
     config_json: dict[str, Any] = field(default_factory=dict)
+    #: A multimodal wrapper (`XForConditionalGeneration` around a language model): the wrapper's own keys (its
+    #: vision tower's `vision_config`, shrunk), while `overrides` shrink its `text_config`. Built and loaded by
+    #: transformers' image-text-to-text auto class; the pipeline feeds it text only. None: a causal LM.
+    wrapper: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +124,51 @@ GATED_DELTA_NET = {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "line
 FULL_ATTENTION_EVERY_4 = {"full_attention_interval": 4}
 QWEN3_NEXT_TINY = {"num_hidden_layers": 8, **GATED_DELTA_NET, "num_experts": 4, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32}  # fmt: skip
+#: Text recipes a multimodal wrapper of the same language model shares (its row's `wrapper` adds the vision tower).
+LLAMA4_TINY = {
+    "num_hidden_layers": 8,
+    "num_local_experts": 4,  # MoE on every layer, top-1 plus a shared expert
+    "intermediate_size": 32,
+    "intermediate_size_mlp": 128,
+    "attention_chunk_size": 8,  # chunked attention on 3 layers of 4; NoPE on the 4th
+}
+QWEN3_MOE_TINY = {"num_hidden_layers": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [0], "norm_topk_prob": True}  # fmt: skip
+QWEN3_5_TINY = {"num_hidden_layers": 8, **GATED_DELTA_NET}
+DEEPSEEK_V3_TINY = {
+    **TINY_MLA,
+    "first_k_dense_replace": 2,
+    **TINY_DEEPSEEK_MOE,
+    "routed_scaling_factor": 2.5,
+    "norm_topk_prob": True,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "rope_interleave": True,
+    "moe_layer_freq": 1,  # in the real config.json; SGLang's deepseek_v2.py reads it
+    "rope_parameters": DEEPSEEK_V3_ROPE,
+    "max_position_embeddings": 163840,  # 40 x 4096, as yarn's factor implies
+}
+GEMMA4_TINY = {
+    "num_hidden_layers": 8,
+    "sliding_window": 8,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size_per_layer_input": 16,  # the per-layer input embeddings
+    "vocab_size_per_layer_input": 49152,
+    "layer_types": ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
+    },
+}
+#: Qwen's VL language models rotate by 3-D positions (time, height, width) in sections of the rotary half; text
+#: alone has the three equal, plain RoPE. The sections at head_dim 16 (the real 128 has [16, 24, 24]).
+MROPE_TINY = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+QWEN3_VL_ROPE_TINY = {**MROPE_TINY, "mrope_interleaved": True}  # Qwen3-VL's and Qwen3.5's: sections interleaved
+#: Qwen's vision towers at the tiny size: the pipeline never feeds them an image, but the wrapper must build.
+QWEN_VISION_TINY = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
+QWEN3_VISION_TINY = {**QWEN_VISION_TINY, "deepstack_visual_indexes": [1], "num_position_embeddings": 16}
+#: A SigLIP-style tower (Llama-4's, Gemma's, Kimi's MoonViT) at the tiny size.
+VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
 #: LFM2's short convolutions and attention layers.
 LFM2_LAYERS = ["conv", "conv", "full_attention"] * 2 + ["conv", "full_attention"]
 
@@ -151,18 +201,7 @@ FAMILIES: tuple[Family, ...] = (
         PLUS_ONE,
         "plus_one",
         attention="gqa",
-        tiny=TinyRecipe(
-            "Qwen3MoeConfig",
-            {
-                "num_hidden_layers": 8,
-                "num_experts": 4,
-                "num_experts_per_tok": 2,
-                "moe_intermediate_size": 32,
-                "decoder_sparse_step": 1,
-                "mlp_only_layers": [0],
-                "norm_topk_prob": True,
-            },
-        ),
+        tiny=TinyRecipe("Qwen3MoeConfig", QWEN3_MOE_TINY),
     ),
     Family(
         "DeepseekV3ForCausalLM",
@@ -171,22 +210,7 @@ FAMILIES: tuple[Family, ...] = (
         FIRST_ID_IS_1,
         "plus_one",
         attention="mla",
-        tiny=TinyRecipe(
-            "DeepseekV3Config",
-            {
-                **TINY_MLA,
-                "first_k_dense_replace": 2,
-                **TINY_DEEPSEEK_MOE,
-                "routed_scaling_factor": 2.5,
-                "norm_topk_prob": True,
-                "topk_method": "noaux_tc",
-                "scoring_func": "sigmoid",
-                "rope_interleave": True,
-                "moe_layer_freq": 1,  # in the real config.json; SGLang's deepseek_v2.py reads it
-                "rope_parameters": DEEPSEEK_V3_ROPE,
-                "max_position_embeddings": 163840,  # 40 x 4096, as yarn's factor implies
-            },
-        ),
+        tiny=TinyRecipe("DeepseekV3Config", DEEPSEEK_V3_TINY),
     ),
     Family(
         "GptOssForCausalLM",
@@ -237,18 +261,30 @@ FAMILIES: tuple[Family, ...] = (
         ("llama.py",),
         PLUS_ONE,
         attention="gqa",
+        tiny=TinyRecipe("Llama4TextConfig", LLAMA4_TINY),
+    ),
+    Family(
+        "Llama4ForConditionalGeneration",
+        ("llama4",),
+        ("mllama4.py", "llama.py"),
+        PLUS_ONE,
+        attention="gqa",
         tiny=TinyRecipe(
-            "Llama4TextConfig",
-            {
-                "num_hidden_layers": 8,
-                "num_local_experts": 4,  # MoE on every layer, top-1 plus a shared expert
-                "intermediate_size": 32,
-                "intermediate_size_mlp": 128,
-                "attention_chunk_size": 8,  # chunked attention on 3 layers of 4; NoPE on the 4th
+            "Llama4Config",
+            LLAMA4_TINY,
+            wrapper={
+                "vision_config": {
+                    **VISION_TINY,
+                    "image_size": 32,
+                    "patch_size": 8,
+                    "vision_output_dim": 64,
+                    "projector_input_dim": 64,
+                    "projector_output_dim": 64,
+                    "intermediate_layers_indices": [0],
+                }
             },
         ),
     ),
-    Family("Llama4ForConditionalGeneration", ("llama4",), ("mllama4.py", "llama.py"), PLUS_ONE),
     Family(
         "ApertusForCausalLM",
         ("apertus",),
@@ -265,7 +301,18 @@ FAMILIES: tuple[Family, ...] = (
         attention="gqa",
         tiny=TinyRecipe("Qwen2Config", {"num_hidden_layers": 8}),
     ),
-    Family("Qwen2_5_VLForConditionalGeneration", ("qwen2_5_vl",), ("qwen2_5_vl.py",), PLUS_ONE),
+    Family(
+        "Qwen2_5_VLForConditionalGeneration",
+        ("qwen2_5_vl",),
+        ("qwen2_5_vl.py",),
+        PLUS_ONE,
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Qwen2_5_VLConfig",
+            {"num_hidden_layers": 8, "rope_parameters": MROPE_TINY},
+            wrapper={"vision_config": {**QWEN_VISION_TINY, "fullatt_block_indexes": [1], "window_size": 16}},
+        ),
+    ),
     Family(
         "Qwen2MoeForCausalLM",
         ("qwen2_moe",),
@@ -304,7 +351,7 @@ FAMILIES: tuple[Family, ...] = (
         PLUS_ONE,
         "plus_one",
         attention="gqa",
-        tiny=TinyRecipe("Qwen3_5TextConfig", {"num_hidden_layers": 8, **GATED_DELTA_NET}, FULL_ATTENTION_EVERY_4),
+        tiny=TinyRecipe("Qwen3_5TextConfig", QWEN3_5_TINY, FULL_ATTENTION_EVERY_4),
     ),
     Family(
         "Qwen3_5MoeForCausalLM",
@@ -318,11 +365,60 @@ FAMILIES: tuple[Family, ...] = (
         attention="gqa",
         tiny=TinyRecipe("Qwen3_5MoeTextConfig", QWEN3_NEXT_TINY, FULL_ATTENTION_EVERY_4),
     ),
-    Family("Qwen3_5ForConditionalGeneration", ("qwen3_5",), ("qwen3_5.py", "qwen3_vl.py"), PLUS_ONE, "plus_one"),
-    Family("Qwen3_5MoeForConditionalGeneration", ("qwen3_5_moe",), ("qwen3_5.py", "qwen3_vl.py"), PLUS_ONE, "plus_one"),
+    Family(
+        "Qwen3_5ForConditionalGeneration",
+        ("qwen3_5",),
+        ("qwen3_5.py", "qwen3_vl.py"),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Qwen3_5Config",
+            {**QWEN3_5_TINY, "rope_parameters": QWEN3_VL_ROPE_TINY},
+            FULL_ATTENTION_EVERY_4,
+            wrapper={"vision_config": {**QWEN_VISION_TINY, "num_position_embeddings": 16}},
+        ),
+    ),
+    Family(
+        "Qwen3_5MoeForConditionalGeneration",
+        ("qwen3_5_moe",),
+        ("qwen3_5.py", "qwen3_vl.py"),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Qwen3_5MoeConfig",
+            {**QWEN3_NEXT_TINY, "rope_parameters": QWEN3_VL_ROPE_TINY},
+            FULL_ATTENTION_EVERY_4,
+            wrapper={"vision_config": {**QWEN_VISION_TINY, "num_position_embeddings": 16}},
+        ),
+    ),
     # Qwen3-VL's dense language model has no DFlash setter (SGLang raises AttributeError); its MoE one has.
-    Family("Qwen3VLForConditionalGeneration", ("qwen3_vl",), ("qwen3_vl.py",), PLUS_ONE),
-    Family("Qwen3VLMoeForConditionalGeneration", ("qwen3_vl_moe",), ("qwen3_vl.py",), PLUS_ONE, "plus_one"),
+    Family(
+        "Qwen3VLForConditionalGeneration",
+        ("qwen3_vl",),
+        ("qwen3_vl.py",),
+        PLUS_ONE,
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Qwen3VLConfig",
+            {"num_hidden_layers": 8, "rope_parameters": QWEN3_VL_ROPE_TINY},
+            wrapper={"vision_config": QWEN3_VISION_TINY},
+        ),
+    ),
+    Family(
+        "Qwen3VLMoeForConditionalGeneration",
+        ("qwen3_vl_moe",),
+        ("qwen3_vl.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
+        tiny=TinyRecipe(
+            "Qwen3VLMoeConfig",
+            {**QWEN3_MOE_TINY, "rope_parameters": QWEN3_VL_ROPE_TINY},
+            wrapper={"vision_config": QWEN3_VISION_TINY},
+        ),
+    ),
     Family(
         "ExaoneMoeForCausalLM",
         ("exaone_moe",),
@@ -382,26 +478,21 @@ FAMILIES: tuple[Family, ...] = (
         PLUS_ONE,
         "plus_one",
         attention="gqa",
+        tiny=TinyRecipe("Gemma4TextConfig", GEMMA4_TINY),
+    ),
+    Family(
+        "Gemma4ForConditionalGeneration",
+        ("gemma4",),
+        ("gemma4_mm.py",),
+        PLUS_ONE,
+        "plus_one",
+        attention="gqa",
         tiny=TinyRecipe(
-            "Gemma4TextConfig",
-            {
-                "num_hidden_layers": 8,
-                "sliding_window": 8,
-                "hidden_activation": "gelu_pytorch_tanh",
-                "hidden_size_per_layer_input": 16,  # the per-layer input embeddings
-                "vocab_size_per_layer_input": 49152,
-                "layer_types": ["sliding_attention"] * 3
-                + ["full_attention"]
-                + ["sliding_attention"] * 3
-                + ["full_attention"],
-                "rope_parameters": {
-                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                    "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6},
-                },
-            },
+            "Gemma4Config",
+            GEMMA4_TINY,
+            wrapper={"vision_config": {**VISION_TINY, "num_key_value_heads": 2, "head_dim": 16}, "audio_config": None},
         ),
     ),
-    Family("Gemma4ForConditionalGeneration", ("gemma4",), ("gemma4_mm.py",), PLUS_ONE, "plus_one"),
     Family(
         "Gemma3ForCausalLM",
         ("gemma3_text",),
@@ -530,7 +621,20 @@ FAMILIES: tuple[Family, ...] = (
         FIRST_ID_IS_1,
         "plus_one",
         attention="mla",
-    ),  # wraps DeepSeek-V3
+        # DeepSeek-V3 wrapped with a MoonViT tower; transformers 5.19 builds it natively (Kimi_K25Config)
+        tiny=TinyRecipe(
+            "Kimi_K25Config",
+            DEEPSEEK_V3_TINY,
+            # the checkpoint's names, which SGLang reads: its text_config's architecture, and its vision tower's
+            # width under the original code's key (transformers 5.19 writes hidden_size)
+            {"architectures": ["DeepseekV3ForCausalLM"], "vision_config": {"vt_hidden_size": 32}},
+            wrapper={
+                "vision_config": {**VISION_TINY, "pos_emb_height": 8, "pos_emb_width": 8},
+                "projection_hidden_size": 32,
+                "tie_word_embeddings": False,
+            },
+        ),
+    ),
     Family("GlmMoeDsaForCausalLM", ("glm_moe_dsa",), ("glm4_moe.py", "deepseek_v2.py"), FIRST_ID_IS_1, "plus_one"),
     Family(
         "Glm4MoeLiteForCausalLM",

@@ -139,14 +139,16 @@ def check_target(model_dir: Path, engine: str) -> ModelFacts:
     facts = read_model_facts(Path(model_dir))
     if engine == "transformers":
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal_lms
+        from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as wrappers
 
-        if facts.model_type not in causal_lms:
+        if facts.model_type not in causal_lms and facts.model_type not in wrappers:  # eagle3/target/load.py
             raise ModelError(
                 f"{model_dir}: architecture {'/'.join(facts.architectures) or '?'} (model_type {facts.model_type!r}) "
-                f"is not supported by the transformers engine: transformers has no causal LM for it. Tested: "
-                f"{', '.join(TESTED_ARCHITECTURES)} (docs/models.md); any model_type transformers' "
-                "AutoModelForCausalLM loads may work. A model that needs trust_remote_code (Kimi's wrapper) is not "
-                "loaded: use server.engine sglang, or point `model` at a directory of its text backbone."
+                "is not supported by the transformers engine: transformers has no causal LM or image-text-to-text "
+                f"model for it. Tested: {', '.join(TESTED_ARCHITECTURES)} (docs/models.md); any model_type "
+                "transformers' AutoModelForCausalLM or AutoModelForImageTextToText loads may work. A model only its "
+                "own code loads (trust_remote_code) is not loaded: use server.engine sglang, or point `model` at a "
+                "directory of its text backbone."
             )
     if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
         return facts  # no tokenizer here (a weights-only directory): prepare, which needs one, says so

@@ -26,7 +26,7 @@ from eagle3.target.files import TOKENIZER_FILES, ModelError, model_fingerprint
 from eagle3.target.install import installing
 
 #: Bumped when a recipe (families.py) or _COMMON changes, so cached directories are rebuilt.
-TINY_VERSION = 4  # 4: recipes no longer see a rope_parameters changed by the family built before them
+TINY_VERSION = 5  # 5: config.json names the real checkpoints' architecture (Kimi-K2.5); 4: deep-copied recipes
 SEED = 1234
 VOCAB = 49152  # the demo tokenizer's; every tiny config must match it (read_model_facts vs tokenizer check)
 
@@ -70,7 +70,11 @@ def tiny_config(arch: str) -> Any:
 
     # A copy: config classes change the dicts they are given in place (Phi-3 adds partial_rotary_factor to
     # rope_parameters, Gemma a dict per layer type), and the next family built in this process would inherit it.
-    cfg = getattr(transformers, tiny.config_class)(**copy.deepcopy({**_COMMON, **tiny.overrides}))
+    text = copy.deepcopy({**_COMMON, **tiny.overrides})
+    if tiny.wrapper is None:
+        cfg = getattr(transformers, tiny.config_class)(**text)
+    else:  # the language model's keys under text_config, the vision tower's beside it
+        cfg = getattr(transformers, tiny.config_class)(text_config=text, **copy.deepcopy(tiny.wrapper))
     cfg.architectures = [arch]
     return cfg
 
@@ -78,7 +82,41 @@ def tiny_config(arch: str) -> Any:
 def _recipe_stamp(arch: str) -> dict[str, Any]:
     tiny = recipe(arch)
     return {"arch": arch, "tiny_version": TINY_VERSION, "seed": SEED, "recipe": tiny.overrides,
-            **({"config_json": tiny.config_json} if tiny.config_json else {})}  # fmt: skip
+            **({"config_json": tiny.config_json} if tiny.config_json else {}),
+            **({"wrapper": tiny.wrapper} if tiny.wrapper is not None else {})}  # fmt: skip
+
+
+def config_json(arch: str, written: dict[str, Any]) -> dict[str, Any]:
+    """The config.json of the tiny `arch`, from the one transformers `written`: the real checkpoints' architecture
+    name (transformers writes its class's: Kimi_K25ForConditionalGeneration, where the checkpoints and SGLang say
+    KimiK25ForConditionalGeneration) and the recipe's config_json (a wrapper's into its text_config, but for a
+    `vision_config` entry, into its vision_config)."""
+    saved = copy.deepcopy(written)
+    saved["architectures"] = [arch]
+    extra = dict(recipe(arch).config_json)
+    if recipe(arch).wrapper is None:
+        return saved | extra
+    saved["vision_config"] |= extra.pop("vision_config", {})
+    saved["text_config"] |= extra
+    return saved
+
+
+def image_processor_config(model_type: str) -> dict[str, Any] | None:
+    """The preprocessor_config.json a wrapper's checkpoint ships (transformers' default image processor of its
+    model_type, or of the dense one for `_moe`), named as the real files name it; just the name where the class does
+    not build here (it needs torchvision): the loader then takes its defaults. None: transformers knows none."""
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES as names
+
+    classes = names.get(model_type) or names.get(model_type.removesuffix("_moe")) or {}
+    canonical = classes.get("torchvision") or next(iter(classes.values()), None)
+    for name in sorted(classes.values(), key=lambda n: not n.endswith("Pil")):  # the PIL one needs no torchvision
+        try:
+            config: dict[str, Any] = getattr(transformers, name)().to_dict()
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        return {**config, "image_processor_type": canonical}
+    return None if canonical is None else {"image_processor_type": canonical}  # its defaults, where it loads
 
 
 def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
@@ -94,19 +132,21 @@ def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
     demo = ensure_demo_model(data_dir)
 
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(SEED)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    auto = AutoModelForCausalLM if recipe(arch).wrapper is None else AutoModelForImageTextToText
+    model = auto.from_config(cfg, dtype=torch.float32)
     torch.nn.Module.to(model, dtype=torch.bfloat16)  # the plain Module method; transformers wraps .to
     model.config.dtype = torch.bfloat16
     with installing(target) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
-        if extra := recipe(arch).config_json:
-            saved = json.loads((tmp / "config.json").read_text())
-            (tmp / "config.json").write_text(json.dumps({**saved, **extra}, indent=2))
+        saved = config_json(arch, json.loads((tmp / "config.json").read_text()))
+        (tmp / "config.json").write_text(json.dumps(saved, indent=2))
         for name in TOKENIZER_FILES:
             if (demo / name).is_file():
                 shutil.copyfile(demo / name, tmp / name)
+        if recipe(arch).wrapper is not None and (processor := image_processor_config(saved["model_type"])):
+            (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))  # SGLang loads it
     atomic_write_json(stamp, {**want, "model_sha256": model_fingerprint(target)})
     return target

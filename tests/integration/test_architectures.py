@@ -1,7 +1,9 @@
 """Every stage on every architecture users serve, with the transformers engine, on tiny random-weight targets
 (eagle3/target/tiny.py; the recipes are the rows of eagle3/target/families.py: Llama, Mistral, Phi-3, Llama-4,
 Apertus, Qwen2, Qwen3, Qwen3-Next and Qwen3.5 (gated DeltaNet), Qwen2-MoE, Qwen3-MoE, EXAONE-MoE, GLM-4-MoE,
-Gemma-4, MiniMax-M2, DeepSeek-V2/V3 and GLM-4.7-Flash (MLA + MoE), GPT-OSS (sliding window, sinks, MoE)); and the
+Gemma-4, MiniMax-M2, DeepSeek-V2/V3 and GLM-4.7-Flash (MLA + MoE), GPT-OSS (sliding window, sinks, MoE), and the
+multimodal wrappers fed text alone (Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE, Qwen3.5's, Llama-4's, Gemma-4's, Kimi-K2.5));
+and the
 families SGLang captures for block drafters only (Laguna, LFM2, LFM2-MoE, MiMo-V2-Flash, Nemotron-H) through every
 stage but export with a DFlash draft.
 
@@ -42,6 +44,7 @@ from eagle3.store.run_store import PreparedSample, RunStore
 from eagle3.store.verify import verify_run
 from eagle3.target.families import BLOCK_DRAFTER_ARCHITECTURES, TINY_ARCHITECTURES
 from eagle3.target.files import read_model_facts
+from eagle3.target.load import decoder_stack, load_causal_lm
 from eagle3.target.tiny import ARCHITECTURES, tiny_config
 from eagle3.train.job import TrainJob
 from eagle3.train.trainer import Trainer
@@ -199,8 +202,10 @@ def test_a_family_sglang_captures_for_block_drafters_only_trains_and_evaluates_a
     export = export_draft(resolve_checkpoint(out / "checkpoints"), Path(cfg.run_dir), model, tmp_path / "export")
     assert export.speculative_algorithm == "DFLASH" and export.aux_layers == BLOCK_LAYERS
     config = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert config["dflash_config"]["target_layer_ids"] == export.sglang_layer_ids == target_layer_ids(
-        BLOCK_LAYERS, read_model_facts(model).model_type
+    assert (
+        config["dflash_config"]["target_layer_ids"]
+        == export.sglang_layer_ids
+        == target_layer_ids(BLOCK_LAYERS, read_model_facts(model).model_type)
     )
 
 
@@ -217,12 +222,14 @@ def layer_inputs(model: Any, ids: list[int]) -> tuple[list[torch.Tensor], torch.
     """Each decoder layer's input hidden state (a forward pre-hook) and the final norm's output, for one sample."""
     seen: list[torch.Tensor] = []
     norm: dict[str, torch.Tensor] = {}
+    stack = decoder_stack(model)
+    lm = getattr(stack, "language_model", stack)  # a wrapper's model holds its language model
     hooks = [
         layer.register_forward_pre_hook(lambda m, a, kw: seen.append((a[0] if a else kw["hidden_states"])[0].clone()),
                                         with_kwargs=True)
-        for layer in model.model.layers
+        for layer in lm.layers
     ]  # fmt: skip
-    final_norm = next(getattr(model.model, n) for n in FINAL_NORMS if hasattr(model.model, n))
+    final_norm = next(getattr(lm, n) for n in FINAL_NORMS if hasattr(lm, n))
     hooks.append(final_norm.register_forward_hook(lambda m, a, out: norm.__setitem__("out", out[0])))
     try:
         with torch.inference_mode():
@@ -237,8 +244,6 @@ def layer_inputs(model: Any, ids: list[int]) -> tuple[list[torch.Tensor], torch.
 def test_captured_states_are_the_decoder_layer_inputs_alone_and_in_a_batch(
     arch: str, tiny_models: dict[str, Path], demo_tokenizer: Any
 ) -> None:
-    from transformers import AutoModelForCausalLM
-
     model_dir = tiny_models[arch]
     texts = [" ".join(str(i) for i in range(LONG)), "The capital of France is Paris.", "A short one."]
     samples = [PreparedSample(f"s{i}", demo_tokenizer(t).input_ids, [1] * len(demo_tokenizer(t).input_ids), "t")
@@ -248,7 +253,7 @@ def test_captured_states_are_the_decoder_layer_inputs_alone_and_in_a_batch(
     alone = TransformersEngine(model_dir, device="cpu", dtype="float32", batch_tokens=1)
     together = {o.sample.sample_id: o for o in batched.extract(samples) if isinstance(o, Captured)}
     single = {o.sample.sample_id: o for o in alone.extract(samples) if isinstance(o, Captured)}
-    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ref_model = load_causal_lm(model_dir, torch.float32, "cpu")
     layers = batched.info.aux_layers
     for s in samples:
         inputs, norm = layer_inputs(ref_model, s.input_ids)

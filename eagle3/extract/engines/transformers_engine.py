@@ -29,7 +29,7 @@ from eagle3.serving.aux_layers import resolve_aux_layers
 from eagle3.store.run_store import DTYPES, PreparedSample
 from eagle3.store.sample_format import FP8_NAME, quantize_fp8
 from eagle3.target.files import read_model_facts
-from eagle3.target.load import load_causal_lm
+from eagle3.target.load import decoder_stack, load_causal_lm
 
 CONVENTION = "hf_hidden_states"
 INFLIGHT = 2  # launched batches queued on the device while the host hands one on (2 vs 1: +11%, docs/performance.md)
@@ -171,10 +171,7 @@ class TransformersEngine:
         """The decoder stack without the lm_head (LlamaModel for LlamaForCausalLM)."""
         if self._model is None:
             self._model = self._models.get(self.model_dir, self.device, self.dtype)
-        base = self._model.base_model
-        # Llama4ForCausalLM's base_model_prefix (language_model) names no attribute of its own, so transformers hands
-        # back the whole model: its stack is `model`
-        return base.model if base is self._model else base
+        return decoder_stack(self._model)
 
     def extract(self, samples: Sequence[PreparedSample]) -> Iterator[Outcome]:
         good: list[PreparedSample] = []

@@ -26,7 +26,7 @@ from eagle3.target.families import (
 from eagle3.target.files import ModelError, layer_count
 from eagle3.target.install import installing
 from eagle3.target.layout import HEAD_KEYS, LM_PREFIXES, text_config
-from eagle3.target.tiny import ARCHITECTURES, VOCAB, tiny_config
+from eagle3.target.tiny import ARCHITECTURES, VOCAB, config_json, tiny_config
 
 WITH_RECIPE = [f for f in FAMILIES if f.tiny is not None]
 
@@ -47,10 +47,13 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
     assert TESTED_ARCHITECTURES == ARCHITECTURES == tuple(f.architecture for f in WITH_RECIPE if servable(f))
     assert TESTED_ARCHITECTURES == (
         "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM", "GptOssForCausalLM",
-        "MistralForCausalLM", "Phi3ForCausalLM", "Llama4ForCausalLM", "ApertusForCausalLM", "Qwen2ForCausalLM",
-        "Qwen2MoeForCausalLM", "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-        "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "LongcatFlashForCausalLM",
-        "MiniMaxM2ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM", "Glm4MoeLiteForCausalLM",
+        "MistralForCausalLM", "Phi3ForCausalLM", "Llama4ForCausalLM", "Llama4ForConditionalGeneration",
+        "ApertusForCausalLM", "Qwen2ForCausalLM", "Qwen2_5_VLForConditionalGeneration", "Qwen2MoeForCausalLM",
+        "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
+        "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+        "LongcatFlashForCausalLM", "MiniMaxM2ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
+        "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM",
     )  # fmt: skip
     assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM",)  # a tiny target to prove the refusals on
     assert BLOCK_DRAFTER_ARCHITECTURES == (
@@ -64,10 +67,12 @@ def test_every_recipe_builds_a_transformers_config_of_its_rows_model_type(family
     assert hasattr(transformers, family.tiny.config_class)
     cfg = tiny_config(family.architecture)
     assert cfg.model_type in family.model_types and cfg.architectures == [family.architecture]
-    saved = {**cfg.to_dict(), **family.tiny.config_json}  # what config.json will say (tiny.py)
-    assert cfg.vocab_size == VOCAB and layer_count(saved, saved) == 8  # decoder layers, as SGLang counts them
+    saved = config_json(family.architecture, cfg.to_dict())  # what config.json will say
+    text = text_config(saved)  # a wrapper's language model
+    assert text["vocab_size"] == VOCAB and layer_count(saved, text) == 8  # decoder layers, as SGLang counts them
     # the row's attention is what probing the config would say: the draft is the same as before the table
-    assert family.attention == ("mla" if getattr(cfg, "kv_lora_rank", None) else "gqa")
+    assert family.attention == ("mla" if text.get("kv_lora_rank") else "gqa")
+    assert (family.tiny.wrapper is not None) == ("text_config" in saved), "a wrapper's recipe says `wrapper`"
 
 
 def test_a_name_without_a_recipe_is_a_model_error_naming_the_known_ones() -> None:
