@@ -135,6 +135,8 @@ LLAMA4_TINY = {
 QWEN3_MOE_TINY = {"num_hidden_layers": 8, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "decoder_sparse_step": 1, "mlp_only_layers": [0], "norm_topk_prob": True}  # fmt: skip
 QWEN3_5_TINY = {"num_hidden_layers": 8, **GATED_DELTA_NET}
+GEMMA3_TINY = {"num_hidden_layers": 8, "sliding_window": 8, "query_pre_attn_scalar": 16,
+               "hidden_activation": "gelu_pytorch_tanh"}  # fmt: skip
 DEEPSEEK_V3_TINY = {
     **TINY_MLA,
     "first_k_dense_replace": 2,
@@ -501,17 +503,21 @@ FAMILIES: tuple[Family, ...] = (
         tap="gemma3",
         attention="gqa",
         # A tiny target to prove the refusals on (tests/integration/test_refused_families.py), not a tested one.
+        tiny=TinyRecipe("Gemma3TextConfig", GEMMA3_TINY),
+    ),
+    Family(
+        "Gemma3ForConditionalGeneration",
+        ("gemma3",),
+        ("gemma3_mm.py", "gemma3_causal.py"),
+        PLUS_ONE,
+        tap="gemma3",
+        attention="gqa",
         tiny=TinyRecipe(
-            "Gemma3TextConfig",
-            {
-                "num_hidden_layers": 8,
-                "sliding_window": 8,
-                "query_pre_attn_scalar": 16,
-                "hidden_activation": "gelu_pytorch_tanh",
-            },
+            "Gemma3Config",
+            GEMMA3_TINY,
+            wrapper={"vision_config": {**VISION_TINY, "image_size": 32, "patch_size": 8}, "mm_tokens_per_image": 4},
         ),
     ),
-    Family("Gemma3ForConditionalGeneration", ("gemma3",), ("gemma3_mm.py", "gemma3_causal.py"), PLUS_ONE, tap="gemma3"),
     # Each decoder layer holds two attention blocks and two MLPs; the real config.json says `num_layers` (28), and
     # SGLang's configs/longcat_flash.py reads num_hidden_layers, else num_layers, as its count of decoder layers.
     # transformers' num_hidden_layers is a property (2 x num_layers, never saved) and its hidden_states has

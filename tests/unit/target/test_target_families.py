@@ -55,7 +55,7 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
         "LongcatFlashForCausalLM", "MiniMaxM2ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
         "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM",
     )  # fmt: skip
-    assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM",)  # a tiny target to prove the refusals on
+    assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")  # to prove refusals on
     assert BLOCK_DRAFTER_ARCHITECTURES == (
         "LagunaForCausalLM", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "MiMoV2FlashForCausalLM", "NemotronHForCausalLM",
     )  # fmt: skip
