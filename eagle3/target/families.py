@@ -568,7 +568,36 @@ FAMILIES: tuple[Family, ...] = (
             },
         ),
     ),
-    Family("MiniMaxM3SparseForConditionalGeneration", ("minimax_m3_vl",), ("minimax_m3_vl.py",), PLUS_ONE),
+    Family(
+        "MiniMaxM3SparseForConditionalGeneration",
+        ("minimax_m3_vl",),
+        ("minimax_m3_vl.py",),
+        PLUS_ONE,
+        attention="gqa",
+        # transformers 5.19's own MiniMax-M3 language model (minimax_m3_vl_text): routed and shared experts, partial
+        # RoPE, and a block-sparse indexer at its real block size and top-k blocks (the tests' samples are shorter)
+        tiny=TinyRecipe(
+            "MiniMaxM3VLConfig",
+            {
+                "num_hidden_layers": 8,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+                "intermediate_size": 32,
+                "dense_intermediate_size": 128,
+                "shared_intermediate_size": 32,
+                "rotary_dim": 8,
+                "index_n_heads": 2,
+                "index_head_dim": 16,
+                "layer_types": ["full_attention"] * 8,
+                "mlp_layer_types": ["sparse"] * 8,
+            },
+            wrapper={
+                "vision_config": {**VISION_TINY, "image_size": 32, "patch_size": 8},
+                "projector_hidden_size": 64,
+                "merged_hidden_size": 128,
+            },
+        ),
+    ),
     # DeepSeek's capture: the first id decides whether ids are shifted.
     Family(
         "DeepseekV2ForCausalLM",

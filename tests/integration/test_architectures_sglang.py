@@ -136,6 +136,10 @@ SGLANG_SOURCE_ONLY = {
     "Qwen3_5ForConditionalGeneration": "ValueError: Qwen3_5ForConditionalGeneration has no SGlang implementation",
     "Qwen3_5MoeForConditionalGeneration": "ValueError: Qwen3_5MoeForConditionalGeneration has no SGlang implementation",
     "Llama4ForConditionalGeneration": "its text model's MoE: NotImplementedError in moe_forward_native",
+    # SGLang reads the original checkpoint's vision config (its own CLIPVisionConfig fields), not transformers'
+    "MiniMaxM3SparseForConditionalGeneration": "TypeError: CLIPVisionConfig.__init__() missing 4 required "
+    "positional arguments: 'img_token_compression_config', 'position_embedding_type', 'rope_mode', and "
+    "'vision_segment_max_frames'",
 }
 MEDIAN_TOL, WORST_TOL = 0.03, 0.2  # bf16 SGLang vs bf16 transformers per token, as tests/integration/sglang_support.py
 

@@ -52,7 +52,8 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
         "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
         "Qwen3_5MoeForConditionalGeneration", "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
         "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
-        "LongcatFlashForCausalLM", "MiniMaxM2ForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
+        "LongcatFlashForCausalLM", "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
+        "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
         "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM",
     )  # fmt: skip
     assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")  # to prove refusals on
