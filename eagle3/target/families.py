@@ -670,7 +670,31 @@ FAMILIES: tuple[Family, ...] = (
             },
         ),
     ),
-    Family("GlmMoeDsaForCausalLM", ("glm_moe_dsa",), ("glm4_moe.py", "deepseek_v2.py"), FIRST_ID_IS_1, "plus_one"),
+    Family(
+        "GlmMoeDsaForCausalLM",
+        ("glm_moe_dsa",),
+        ("glm4_moe.py", "deepseek_v2.py"),
+        FIRST_ID_IS_1,
+        "plus_one",
+        attention="mla",
+        # GLM-5: MLA and DeepSeek's MoE with DeepSeek Sparse Attention's indexer, at its real top-2048 keys (as
+        # DeepSeek-V3.2's recipe: preflight.py sparse_attention_problems)
+        tiny=TinyRecipe(
+            "GlmMoeDsaConfig",
+            {
+                **TINY_MLA,
+                **TINY_DEEPSEEK_MOE,
+                "n_group": 1,
+                "topk_group": 1,
+                "first_k_dense_replace": 1,
+                "mlp_layer_types": ["dense"] + ["sparse"] * 7,
+                "index_n_heads": 2,
+                "index_head_dim": 16,
+                "index_topk": 2048,
+                "indexer_types": ["full"] * 8,
+            },
+        ),
+    ),
     Family(
         "Glm4MoeLiteForCausalLM",
         ("glm4_moe_lite",),

@@ -136,6 +136,8 @@ SGLANG_SOURCE_ONLY = {
     "Qwen3_5ForConditionalGeneration": "ValueError: Qwen3_5ForConditionalGeneration has no SGlang implementation",
     "Qwen3_5MoeForConditionalGeneration": "ValueError: Qwen3_5MoeForConditionalGeneration has no SGlang implementation",
     "Llama4ForConditionalGeneration": "its text model's MoE: NotImplementedError in moe_forward_native",
+    # DeepSeek Sparse Attention's backend is picked by the GPU's capability, as DeepSeek-V3.2's (SGLANG_FAILS)
+    "GlmMoeDsaForCausalLM": "in handle_model_specific_adjustments: RuntimeError: Found no NVIDIA driver",
     # SGLang reads the original checkpoint's vision config (its own CLIPVisionConfig fields), not transformers'
     "MiniMaxM3SparseForConditionalGeneration": "TypeError: CLIPVisionConfig.__init__() missing 4 required "
     "positional arguments: 'img_token_compression_config', 'position_embedding_type', 'rope_mode', and "

@@ -54,7 +54,7 @@ def test_the_tested_architectures_are_the_rows_with_a_recipe() -> None:
         "ExaoneMoeForCausalLM", "Glm4MoeForCausalLM", "Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
         "LongcatFlashForCausalLM", "MiniMaxM2ForCausalLM", "MiniMaxM3SparseForConditionalGeneration",
         "DeepseekV2ForCausalLM", "DeepseekV32ForCausalLM",
-        "KimiK25ForConditionalGeneration", "Glm4MoeLiteForCausalLM",
+        "KimiK25ForConditionalGeneration", "GlmMoeDsaForCausalLM", "Glm4MoeLiteForCausalLM",
     )  # fmt: skip
     assert REFUSED_ARCHITECTURES == ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")  # to prove refusals on
     assert BLOCK_DRAFTER_ARCHITECTURES == (
