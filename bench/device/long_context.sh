@@ -4,9 +4,10 @@
 #   base  the varied corpus: SELF_INSTRUCT written requests and the demo prompts, two answers each (run 8's recipe,
 #         smaller), data.max_length 1,024: a draft that never saw a long context
 #   mix   the same rows, plus LONG - HELDOUT long conversations the target wrote itself: from LONG requests kept
-#         out of the base data, synthesize writes TURNS1 user turns and answers each, then a second synthesize
-#         continues those conversations by TURNS2 more (synthesize.regenerate none: the written turns kept), up to
-#         the target's 8,192-token context
+#         out of the base data, synthesize writes TURNS1 (16) user turns and answers each: median 6.2K tokens,
+#         up to the target's 8,192-token context on the H100 (docs/performance.md); with TURNS2 > 0 (default 0) a
+#         second synthesize continues them by TURNS2 more (synthesize.regenerate none: the written turns kept;
+#         at ~1.5K tok/s on the H100, 12 turns took over 12 minutes)
 # The last HELDOUT long conversations are the evaluation set (split by conversation: no turn of them is trained),
 # each cut before one assistant turn per context bucket (bench/long_acceptance.py). Both drafts are also evaluated
 # on the varied set (nothing lost elsewhere). Logs in ROOT/logs, a line per finished step in ROOT/steps, the
@@ -46,9 +47,9 @@ $Q --root "$R/long1" $LONGSET --set data.dataset="$R/long-prompts.jsonl" --set s
   --until synthesize > "$L/long1.log" 2>&1 || fail long1
 step long1
 LONG_RUN=long1
-if [ "${TURNS2:-12}" != 0 ]; then  # TURNS2=0: the first pass's conversations are the long ones
+if [ "${TURNS2:-0}" != 0 ]; then  # 0 (default): the first pass's conversations are the long ones
   $Q --root "$R/long2" $LONGSET --set data.dataset="$R/long1/run/synthesized/shard-00000.jsonl" \
-    --set synthesize.user_turns=${TURNS2:-12} --set synthesize.regenerate=none --until synthesize > "$L/long2.log" 2>&1 || fail long2
+    --set synthesize.user_turns=$TURNS2 --set synthesize.regenerate=none --until synthesize > "$L/long2.log" 2>&1 || fail long2
   step long2; LONG_RUN=long2
 fi
 MODEL=$($PY -c "from pathlib import Path; from eagle3.target.demo import resolve_model; print(resolve_model('demo', Path('$D')))")
