@@ -30,7 +30,13 @@ from eagle3.serving.launch_args import capture_args_problem, flag_values
 from eagle3.serving.layers import eagle3_serving_problem
 from eagle3.store.run_store import RunStore
 from eagle3.target.families import block_drafter_problem
-from eagle3.target.files import model_fingerprint, read_model_facts, read_target_config, tokenizer_fingerprint
+from eagle3.target.files import (
+    hyper_connection_problem,
+    model_fingerprint,
+    read_model_facts,
+    read_target_config,
+    tokenizer_fingerprint,
+)
 from eagle3.target.layout import text_config
 
 NEW_RUN_DIR = (
@@ -114,6 +120,7 @@ def check_stages(
     problems += launch_args_problems(cfg)
     problems += length_problems(cfg, model_dir)
     problems += sparse_attention_problems(cfg, model_dir)
+    problems += hyper_connection_problems(cfg, model_dir)
     if problems:
         where = "" if on_nodes else ", on this worker"
         raise PreflightError(f"Refused before the first stage{where}:\n  " + "\n  ".join(problems))
@@ -218,6 +225,15 @@ def sparse_attention_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]
         "so its hidden states are not the ones SGLang computes and feeds the draft. Set server.engine: sglang, or "
         f"data.max_length to {topk} or less."
     ]
+
+
+def hyper_connection_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]:
+    """A target of several hyper-connection streams (eagle3.target.files.hyper_connection_problem), for the stages
+    that run it in this process: synthesize and extract on the transformers engine, and the offline evaluation."""
+    stages = set(cfg.stages) & ({"synthesize", "extract"} if cfg.server.engine == "transformers" else set())
+    stages |= set(cfg.stages) & {"evaluate"}
+    problem = hyper_connection_problem(model_dir) if stages else None
+    return [f"{problem} (stages {', '.join(sorted(stages))})"] if problem else []
 
 
 def vocab_problems(cfg: PipelineConfig) -> list[str]:

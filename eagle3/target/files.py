@@ -130,6 +130,22 @@ def tokenizer_size(model_dir: Path) -> int:
     return len(AutoTokenizer.from_pretrained(model_dir))
 
 
+def hyper_connection_problem(model_dir: Path) -> str | None:
+    """Why transformers cannot give this target's states (None: it can): its decoder layers mix several
+    hyper-connection streams per token (GLM-5-Next: config.json hc_mult), so no layer input is one residual stream."""
+    streams = int(text_config(read_target_config(model_dir)).get("hc_mult") or 1)
+    if streams <= 1:
+        return None
+    model_type = read_target_config(model_dir).get("model_type", "")
+    return (
+        f"{model_dir}: model_type {model_type!r} mixes {streams} hyper-connection streams per token (config.json "
+        f"hc_mult {streams}): its decoder layers take {streams} streams, not one residual stream, so the "
+        "transformers engine (and the offline evaluator, which runs the target in process) has no such state to "
+        "store or feed a draft, and SGLang 0.5.23 feeds a draft of it a contraction of the streams, which this "
+        "pipeline does not train against. Not supported: serve another family (docs/models.md, GLM-5-Next)."
+    )
+
+
 def check_target(model_dir: Path, engine: str) -> ModelFacts:
     """Refuse, before any model loads or server starts, a target that `engine` cannot run or whose tokenizer
     produces ids the model has no embedding for. A config vocabulary larger than the tokenizer's is normal (padded
@@ -150,6 +166,8 @@ def check_target(model_dir: Path, engine: str) -> ModelFacts:
                 "own code loads (trust_remote_code) is not loaded: use server.engine sglang, or point `model` at a "
                 "directory of its text backbone."
             )
+        if problem := hyper_connection_problem(Path(model_dir)):
+            raise ModelError(problem)
     if not any((Path(model_dir) / name).is_file() for name in TOKENIZER_FILES):
         return facts  # no tokenizer here (a weights-only directory): prepare, which needs one, says so
     size = tokenizer_size(Path(model_dir))
