@@ -59,15 +59,18 @@ def split(args: argparse.Namespace) -> None:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     keep = ("messages", "tools")
-    cut = 0
+    cut, train_lengths = 0, []
     with (out / "long-train.jsonl").open("w") as f:
         for r in train:
             row = {k: r[k] for k in keep if k in r}
-            while context and len(prompt_ids(chat, row["messages"], row.get("tools"))) > context:
+            n = len(prompt_ids(chat, row["messages"], row.get("tools")))
+            while row["messages"] and context and n > context:
                 row["messages"] = ends_with_answer(row["messages"][:-1])  # the target wrote past its context
+                n = len(prompt_ids(chat, row["messages"], row.get("tools")))
                 cut += 1
             if row["messages"]:
                 f.write(json.dumps(row) + "\n")
+                train_lengths.append(n)
     lengths, per_bucket = [], dict.fromkeys((label(lo, hi) for lo, hi in BUCKETS), 0)
     with (out / "long-eval.jsonl").open("w") as f:
         for r in held:
@@ -84,10 +87,8 @@ def split(args: argparse.Namespace) -> None:
             for b, m in cuts.items():
                 per_bucket[b] += 1
                 f.write(json.dumps({"messages": m, **({"tools": tools} if tools else {}), "category": b}) + "\n")
-    kept = [json.loads(line) for line in (out / "long-train.jsonl").open()]
-    train_lengths = [len(prompt_ids(chat, r["messages"], r.get("tools"))) for r in kept]
     stats = {
-        "conversations": len(rows), "train": len(kept), "turns_cut_to_context": cut, "heldout": len(held),
+        "conversations": len(rows), "train": len(train_lengths), "turns_cut_to_context": cut, "heldout": len(held),
         "train_tokens": sum(train_lengths), "train_median_tokens": statistics.median(train_lengths),
         "train_max_tokens": max(train_lengths), "heldout_median_tokens": statistics.median(lengths),
         "assistant_turns_median": statistics.median(sum(m["role"] == "assistant" for m in r["messages"]) for r in rows),

@@ -4,14 +4,9 @@
 # evaluations the run did not do (longer answers, more prompts) then run on the CPU at home. BRING_CORPUS=0 / BRING_DRAFT=0 skip either
 # (not CORPUS: quality.sh reads that one, and q_start.sh passes its environment to both).
 # Usage: bash bench/device/q_poll.sh ROOT SECONDS
-REPO=$PWD; R=${1:-/tmp/q}; B=${BASE:-bf16}; end=$(( $(date +%s) + ${2:-500} ))
-while [ "$(date +%s)" -lt $end ] && ! grep -q -E "DONE|FAILED" "$R/steps" 2>/dev/null; do
-  sleep 20
-  echo "--- $(date +%T) $(tail -1 "$R/steps" 2>/dev/null)"
-  for f in "$R"/logs/*.log; do [ -f "$f" ] && echo "$(basename "$f"): $(grep -v '^Loading' "$f" | tail -1 | cut -c1-160)"; done
-  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-done
-cat "$R/steps"; tail -5 "$R/driver.log"
+REPO=$PWD; R=${1:-/tmp/q}; B=${BASE:-bf16}
+source bench/device/watch.sh
+watch_run "$R" "${2:-500}"
 cd "$R" && tar czf "${OUT:-/tmp}/q.tgz" steps driver.log logs $(ls -d */run/eval */run/train*/metrics.jsonl */run/train*/train.log */run/prompts/summary.json \
   */run/synthesized/summary.json */run/run.json */run/convert.json 2>/dev/null) 2>/dev/null; ls -la "${OUT:-/tmp}"
 cd "$REPO"

@@ -230,8 +230,8 @@ def sparse_attention_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]
 def hyper_connection_problems(cfg: PipelineConfig, model_dir: Path) -> list[str]:
     """A target of several hyper-connection streams (eagle3.target.files.hyper_connection_problem), for the stages
     that run it in this process: synthesize and extract on the transformers engine, and the offline evaluation."""
-    stages = set(cfg.stages) & ({"synthesize", "extract"} if cfg.server.engine == "transformers" else set())
-    stages |= set(cfg.stages) & {"evaluate"}
+    in_process = {"evaluate", *(("synthesize", "extract") if cfg.server.engine == "transformers" else ())}
+    stages = set(cfg.stages) & in_process
     problem = hyper_connection_problem(model_dir) if stages else None
     return [f"{problem} (stages {', '.join(sorted(stages))})"] if problem else []
 

@@ -168,7 +168,8 @@ MROPE_TINY = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2
 QWEN3_VL_ROPE_TINY = {**MROPE_TINY, "mrope_interleaved": True}  # Qwen3-VL's and Qwen3.5's: sections interleaved
 #: Qwen's vision towers at the tiny size: the pipeline never feeds them an image, but the wrapper must build.
 QWEN_VISION_TINY = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
-QWEN3_VISION_TINY = {**QWEN_VISION_TINY, "deepstack_visual_indexes": [1], "num_position_embeddings": 16}
+QWEN3_5_VISION_TINY = {**QWEN_VISION_TINY, "num_position_embeddings": 16}
+QWEN3_VISION_TINY = {**QWEN3_5_VISION_TINY, "deepstack_visual_indexes": [1]}
 #: A SigLIP-style tower (Llama-4's, Gemma's, Kimi's MoonViT) at the tiny size.
 VISION_TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2}
 #: LFM2's short convolutions and attention layers.
@@ -378,7 +379,7 @@ FAMILIES: tuple[Family, ...] = (
             "Qwen3_5Config",
             {**QWEN3_5_TINY, "rope_parameters": QWEN3_VL_ROPE_TINY},
             FULL_ATTENTION_EVERY_4,
-            wrapper={"vision_config": {**QWEN_VISION_TINY, "num_position_embeddings": 16}},
+            wrapper={"vision_config": QWEN3_5_VISION_TINY},
         ),
     ),
     Family(
@@ -392,7 +393,7 @@ FAMILIES: tuple[Family, ...] = (
             "Qwen3_5MoeConfig",
             {**QWEN3_NEXT_TINY, "rope_parameters": QWEN3_VL_ROPE_TINY},
             FULL_ATTENTION_EVERY_4,
-            wrapper={"vision_config": {**QWEN_VISION_TINY, "num_position_embeddings": 16}},
+            wrapper={"vision_config": QWEN3_5_VISION_TINY},
         ),
     ),
     # Qwen3-VL's dense language model has no DFlash setter (SGLang raises AttributeError); its MoE one has.

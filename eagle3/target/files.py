@@ -133,10 +133,11 @@ def tokenizer_size(model_dir: Path) -> int:
 def hyper_connection_problem(model_dir: Path) -> str | None:
     """Why transformers cannot give this target's states (None: it can): its decoder layers mix several
     hyper-connection streams per token (GLM-5-Next: config.json hc_mult), so no layer input is one residual stream."""
-    streams = int(text_config(read_target_config(model_dir)).get("hc_mult") or 1)
+    cfg = read_target_config(model_dir)
+    streams = int(text_config(cfg).get("hc_mult") or 1)
     if streams <= 1:
         return None
-    model_type = read_target_config(model_dir).get("model_type", "")
+    model_type = cfg.get("model_type", "")
     return (
         f"{model_dir}: model_type {model_type!r} mixes {streams} hyper-connection streams per token (config.json "
         f"hc_mult {streams}): its decoder layers take {streams} streams, not one residual stream, so the "

@@ -13,7 +13,12 @@ if TYPE_CHECKING:
 
 
 def auto_class(model_dir: Path) -> Any:
-    """transformers' auto class that loads the target whole: AutoModelForCausalLM, or, for a multimodal wrapper
+    """transformers' auto class that loads the target in `model_dir` whole (auto_class_of its config.json)."""
+    return auto_class_of(read_target_config(model_dir))
+
+
+def auto_class_of(cfg: dict[str, Any]) -> Any:
+    """transformers' auto class for a model of this config: AutoModelForCausalLM, or, for a multimodal wrapper
     transformers has no causal LM for (Qwen2.5-VL, Qwen3-VL, Kimi-K2.5) or whose causal LM is its text model alone
     (Qwen3.5's and Llama-4's wrappers: that class would not find the wrapper's tensors), AutoModelForImageTextToText.
     Fed text only, a wrapper runs its language model: logits and `hidden_states` are that model's."""
@@ -21,7 +26,6 @@ def auto_class(model_dir: Path) -> Any:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal_lms
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as wrappers
 
-    cfg = read_target_config(model_dir)
     model_type = cfg.get("model_type")
     if model_type in wrappers and ("text_config" in cfg or model_type not in causal_lms):
         return AutoModelForImageTextToText

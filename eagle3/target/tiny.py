@@ -24,6 +24,7 @@ from eagle3.target.demo import ensure_demo_model
 from eagle3.target.families import TESTED_ARCHITECTURES, TinyRecipe, family_named
 from eagle3.target.files import TOKENIZER_FILES, ModelError, model_fingerprint
 from eagle3.target.install import installing
+from eagle3.target.load import auto_class_of
 
 #: Bumped when a recipe (families.py) or _COMMON changes, so cached directories are rebuilt.
 TINY_VERSION = 5  # 5: config.json names the real checkpoints' architecture (Kimi-K2.5); 4: deep-copied recipes
@@ -91,10 +92,11 @@ def config_json(arch: str, written: dict[str, Any]) -> dict[str, Any]:
     name (transformers writes its class's: Kimi_K25ForConditionalGeneration, where the checkpoints and SGLang say
     KimiK25ForConditionalGeneration) and the recipe's config_json (a wrapper's into its text_config, but for a
     `vision_config` entry, into its vision_config)."""
+    tiny = recipe(arch)
     saved = copy.deepcopy(written)
     saved["architectures"] = [arch]
-    extra = dict(recipe(arch).config_json)
-    if recipe(arch).wrapper is None:
+    extra = dict(tiny.config_json)
+    if tiny.wrapper is None:
         return saved | extra
     saved["vision_config"] |= extra.pop("vision_config", {})
     saved["text_config"] |= extra
@@ -132,11 +134,9 @@ def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
     demo = ensure_demo_model(data_dir)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(SEED)
-    auto = AutoModelForCausalLM if recipe(arch).wrapper is None else AutoModelForImageTextToText
-    model = auto.from_config(cfg, dtype=torch.float32)
+    model = auto_class_of(cfg.to_dict()).from_config(cfg, dtype=torch.float32)  # as the engine will load it
     torch.nn.Module.to(model, dtype=torch.bfloat16)  # the plain Module method; transformers wraps .to
     model.config.dtype = torch.bfloat16
     with installing(target) as tmp:
@@ -146,7 +146,7 @@ def ensure_tiny_model(data_dir: Path, arch: str) -> Path:
         for name in TOKENIZER_FILES:
             if (demo / name).is_file():
                 shutil.copyfile(demo / name, tmp / name)
-        if recipe(arch).wrapper is not None and (processor := image_processor_config(saved["model_type"])):
+        if "text_config" in saved and (processor := image_processor_config(saved["model_type"])):  # a wrapper
             (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))  # SGLang loads it
     atomic_write_json(stamp, {**want, "model_sha256": model_fingerprint(target)})
     return target
