@@ -80,9 +80,15 @@ def synthesize_task(config: PipelineConfig, model_dir: str, ctx: FlowContext) ->
 def finish_line(s: SynthesizeSummary) -> str:
     turns = ", ".join(f"{n} {reason}" for reason, n in s.turns.items()) or "none"
     dropped = f", {s.dropped_truncated} dropped (synthesize.on_truncated=drop)" if s.dropped_truncated else ""
+    cached = (
+        f"; {s.cached_prompt_tokens} of {s.prompt_tokens} prompt tokens served by the prefix cache"
+        if s.prompt_tokens
+        else ""
+    )
     return (
         f"turns by finish reason: {turns}; {s.truncated_samples} samples with a turn cut at max_new_tokens{dropped}; "
         f"{len(s.failed)} failed; {s.generated} generated this run, {s.tokens} tokens, {s.tokens_per_s:.1f} tok/s"
+        + cached
     )
 
 

@@ -55,6 +55,14 @@ class ServerConfig(StrictModel):
         None, gt=0, description="SGLang --max-total-tokens (bound the KV cache; needed on CPU)."
     )
     chunked_prefill_size: int | None = Field(None, description="SGLang --chunked-prefill-size.")
+    prefix_cache: bool = Field(
+        False,
+        description="sglang engine: keep SGLang's prefix (radix) cache on, so synthesize's later turns of a "
+        "conversation reuse the KV of its earlier ones instead of prefilling the whole conversation again (long "
+        "multi-turn data: docs/performance.md). Extraction stays exact on such a server: every extraction request "
+        "carries its own cache_salt (its rid), a cache namespace no other request shares, so none of its rows come "
+        "from the cache (and the hook and the client refuse a sample if any did). False: --disable-radix-cache.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Passed through to sglang.launch_server.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the server (NCCL_*, CUDA_*).")
     startup_timeout_s: float = Field(600.0, gt=0, description="Seconds to wait for /health.")

@@ -49,6 +49,8 @@ class Server(Protocol):
 class Generated:
     output_ids: list[int]  # as generated, the stop token included when one matched
     finish_reason: str  # "stop" (a stop token or string) | "length" (max_new_tokens) | "abort" | ...
+    prompt_tokens: int = 0  # the prompt, as the server counted it
+    cached_tokens: int = 0  # ... of which its prefix cache served (server.prefix_cache), never prefilled again
 
 
 class GenerationFailed(RuntimeError):
@@ -86,6 +88,8 @@ class GenerationClient:
         self.run_id = run_id
         self.retry_delay_s = retry_delay_s
         self.resent = 0  # attempts sent again
+        self.prompt_tokens = 0  # prompt tokens of the answered requests
+        self.cached_tokens = 0  # ... that the servers' prefix cache served (server.prefix_cache)
         self._in_flight = [0] * len(self.servers)
         self._generation = [0] * len(self.servers)  # bumped by each restart: concurrent failures restart once
         self._lock = threading.Lock()
@@ -130,7 +134,11 @@ class GenerationClient:
             index = self._checkout()
             generation = self._generation[index]
             try:
-                return self._attempt(self.servers[index], rid, input_ids, self.sampling_params(temperature, seed))
+                out = self._attempt(self.servers[index], rid, input_ids, self.sampling_params(temperature, seed))
+                with self._lock:
+                    self.prompt_tokens += out.prompt_tokens
+                    self.cached_tokens += out.cached_tokens
+                return out
             except _Refused as e:
                 raise GenerationFailed(f"rid {rid}: {e}") from None
             except _Transient as e:
@@ -166,13 +174,15 @@ class GenerationClient:
         try:
             out = r.json()
             ids = [int(t) for t in out["output_ids"]]
-            finish = out["meta_info"].get("finish_reason") or {}
+            meta = out["meta_info"]
+            finish = meta.get("finish_reason") or {}
+            prompt, cached = int(meta.get("prompt_tokens") or 0), int(meta.get("cached_tokens") or 0)
         except (ValueError, KeyError, TypeError) as e:
             raise _Transient(f"/generate answered an unreadable body ({type(e).__name__}: {r.text[:200]})") from None
         reason = str(finish.get("type", "unknown")) if isinstance(finish, dict) else str(finish)
         if reason == "abort":
             raise _Transient(f"the server aborted the request: {finish.get('message', '')}")
-        return Generated(ids, reason)
+        return Generated(ids, reason, prompt, cached)
 
     def _recover(self, index: int, generation: int, reason: str) -> None:
         """Restart a launched server that died (once for all the requests that saw it die)."""

@@ -94,10 +94,8 @@ def build_command(
     *,
     port: int,
     device: str,
-    radix_cache: bool = False,
 ) -> list[str]:
-    """argv of `sglang.launch_server`. `layers=None` launches without capture (the benchmark's baseline);
-    `radix_cache=True` exists only so a test can show that the hook refuses cached prefixes."""
+    """argv of `sglang.launch_server`. `layers=None` launches without capture (the benchmark's baseline)."""
     argv = [
         os.path.abspath(server.python),
         "-m",
@@ -114,8 +112,10 @@ def build_command(
         str(port),
         "--skip-tokenizer-init",  # the client sends token ids
     ]
-    if not radix_cache:
-        argv.append("--disable-radix-cache")  # cached prefix rows are never computed, so never captured
+    if not server.prefix_cache:
+        # cached prefix rows are never computed, so never captured; with the cache on (server.prefix_cache), each
+        # extraction request is salted into a namespace of its own instead (eagle3/extract/engines/sglang_engine.py)
+        argv.append("--disable-radix-cache")
     if layers is not None:
         argv += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3", *layers.cli_args()]
     if server.mem_fraction is not None:
@@ -184,7 +184,6 @@ class SGLangServer:
         log_dir: Path,
         base_env: Mapping[str, str],
         port: int | None = None,
-        radix_cache: bool = False,
         on_line: LineFn | None = None,
         stop_grace_s: float = 30.0,
     ):
@@ -195,7 +194,6 @@ class SGLangServer:
         self.log_dir = Path(log_dir)
         self.base_env = dict(base_env)
         self.port = port if port is not None else server.port
-        self.radix_cache = radix_cache
         self.on_line = on_line
         self.stop_grace_s = stop_grace_s
         self.device = server_device(server)
@@ -221,9 +219,7 @@ class SGLangServer:
         self._check_launchable()
         self._reap_orphan()
         self._check_port()
-        argv = build_command(
-            self.cfg, self.model_dir, self.layers, port=self.port, device=self.device, radix_cache=self.radix_cache
-        )
+        argv = build_command(self.cfg, self.model_dir, self.layers, port=self.port, device=self.device)
         env = build_env(
             self.cfg,
             self.base_env,
@@ -448,8 +444,8 @@ class SGLangServer:
         self.version = info.get("version")
         want_ids = self.layers.layer_ids if self.layers is not None else None
         bad = []
-        if not info.get("disable_radix_cache"):
-            bad.append("--disable-radix-cache is off")
+        if not info.get("disable_radix_cache") and not self.cfg.prefix_cache:
+            bad.append("--disable-radix-cache is off (or set server.prefix_cache: extraction requests are salted)")
         if not info.get("enable_return_aux_hidden_states"):
             bad.append("--enable-return-aux-hidden-states is off")
         if info.get("enable_two_batch_overlap"):

@@ -44,6 +44,7 @@ def test_prompts_and_multi_sample_multi_turn_synthesize_through_sglang(
     source = prepare(cfg, store, demo_model)
     result = synth.synthesize(cfg, store, demo_model, servers=[server])
     assert result.summary.samples == 2 * source.num_samples and not result.summary.failed
+    assert result.summary.prompt_tokens > 0 and result.summary.cached_prompt_tokens == 0  # server.prefix_cache off
     recs = records(store)
     assert len(recs) == 2 * source.num_samples
     assert all(r["sample"] in (r["source_sample_id"], f"{r['source_sample_id']}.s1") for r in recs)

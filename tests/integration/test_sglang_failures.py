@@ -1,5 +1,7 @@
-"""Real SGLang on CPU, launched the wrong way on purpose (radix cache on), then killed: cached prefixes
-fail with a clear message instead of silently missing rows, and a crashed server is restarted."""
+"""Real SGLang on CPU with its prefix (radix) cache on (server.prefix_cache), then killed: every extraction request
+is salted into a cache namespace of its own, so it is computed whole even when its prompt was served before (by
+extraction or by synthesize's turns, which the cache does serve); a request that does hit a cached prefix (its salt
+reused) fails with a clear message instead of silently missing rows; a crashed server is restarted."""
 
 from __future__ import annotations
 
@@ -14,12 +16,28 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
+import eagle3.data.synthesize as synth
+from eagle3.data.chat import ChatTokenizer
+from eagle3.data.generate import prompt_ids, stop_token_ids_of, turn_of
+from eagle3.data.prepare import prepare
 from eagle3.extract.engines.base import Dumped, Failed
 from eagle3.extract.engines.sglang_engine import SGLangEngine
+from eagle3.serving.generation import GenerationClient
 from eagle3.serving.server import ServerError, SGLangServer
 from eagle3.store import dump_protocol as proto
-from tests.integration.sglang_support import TEXTS, prepared, require_sglang_env, sglang_config, start_server
+from eagle3.store.run_store import RunStore
+from tests.integration.sglang_support import (
+    SYNTH_PROMPTS,
+    TEXTS,
+    prepared,
+    require_sglang_env,
+    sglang_config,
+    start_server,
+    synthesize_config,
+)
 from tests.ports import free_port
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow]
@@ -29,9 +47,9 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow]
 def env(tmp_path_factory: pytest.TempPathFactory, demo_model: Path) -> Iterator[dict[str, Any]]:
     require_sglang_env()
     root = tmp_path_factory.mktemp("sglang-radix")
-    cfg = sglang_config(root / "run", demo_model, max_restarts=1)
+    cfg = sglang_config(root / "run", demo_model, max_restarts=1, prefix_cache=True)
     dump_dir = root / "dump"
-    server = start_server(cfg, demo_model, dump_dir, radix_cache=True)
+    server = start_server(cfg, demo_model, dump_dir)
     try:
         yield {"cfg": cfg, "server": server, "dump_dir": dump_dir}
     finally:
@@ -48,11 +66,55 @@ def test_a_cached_prefix_fails_the_sample_with_a_clear_message(env: dict[str, An
     (first,) = engine(env, "radix-a").extract([sample])
     assert isinstance(first, Dumped)  # nothing cached yet: every row was computed
     first.path.unlink()
-    (again,) = engine(env, "radix-b").extract([sample])  # same tokens, new rid: the prefix is cached now
+    # the same rid again (a client that reuses rids), so the same cache salt: the prefix is cached in its namespace
+    (again,) = engine(env, "radix-a").extract([sample])
     assert isinstance(again, Failed)
     assert "prefix cache" in again.reason and "--disable-radix-cache" in again.reason
     assert "not 0" in again.reason  # the hook's own report on the rows it saw
     assert [p.name for p in env["dump_dir"].iterdir() if p.name != proto.STATUS_DIR] == []
+
+
+def test_an_extraction_request_is_computed_whole_when_its_prompt_was_served_before(
+    env: dict[str, Any], demo_tokenizer: Any
+) -> None:
+    sample = prepared(demo_tokenizer, [TEXTS[2]])[0]
+    outs = [o for run_id in ("salt-a", "salt-b") for o in engine(env, run_id).extract([sample])]  # new rids, salts
+    assert all(isinstance(o, Dumped) for o in outs), [getattr(o, "reason", o) for o in outs]
+    tensors = [load_file(str(o.path)) for o in outs if isinstance(o, Dumped)]
+    assert tensors[0].keys() == tensors[1].keys() and all(torch.equal(tensors[0][k], tensors[1][k]) for k in tensors[0])
+    for o in outs:
+        o.path.unlink()
+
+
+def test_multi_turn_synthesize_reuses_the_conversation_so_far_and_its_extraction_stays_exact(
+    env: dict[str, Any], demo_model: Path, tmp_path: Path
+) -> None:
+    """One server for both stages, as a pipeline run has: synthesize's later turns are served the earlier turns'
+    KV from the cache (each turn's prompt holds the conversation so far), and extracting the conversations it wrote
+    computes every row of each (the client and the hook check)."""
+    server: SGLangServer = env["server"]
+    cfg = synthesize_config(tmp_path / "run", demo_model, SYNTH_PROMPTS, max_new_tokens=8, user_turns=1)
+    chat = ChatTokenizer.from_model_dir(demo_model)
+    with GenerationClient([server], cfg.synthesize, stop_ids=stop_token_ids_of(demo_model, chat), run_id="pc") as c:
+        question = [{"role": "user", "content": "Name three rivers of Europe."}]
+        first = prompt_ids(chat, question)
+        answer = turn_of(chat, c.generate(first, sample_id="x", turn=0).output_ids, c.stop_ids).text
+        follow_up = [*question, {"role": "assistant", "content": answer}, {"role": "user", "content": "And of Asia?"}]
+        second = c.generate(prompt_ids(chat, follow_up), sample_id="x", turn=1)
+    assert second.cached_tokens >= len(first) - 1, (second.cached_tokens, len(first))  # the whole first turn
+
+    store = RunStore(cfg.run_dir)
+    prepare(cfg, store, demo_model)
+    summary = synth.synthesize(cfg, store, demo_model, servers=[server]).summary
+    assert not summary.failed and 0 < summary.cached_prompt_tokens < summary.prompt_tokens
+    manifest = store.read_prepared_manifest()
+    assert manifest is not None
+    samples = [s for shard in range(len(manifest.shards)) for s in store.prepared_samples(shard)]
+    assert any(sum(s.loss_mask) < len(s.loss_mask) // 2 for s in samples)  # a multi-turn one among them
+    outs = list(engine(env, "pc-extract").extract(samples))
+    assert all(isinstance(o, Dumped) for o in outs), [getattr(o, "reason", o) for o in outs]
+    for o in outs:
+        o.path.unlink()
 
 
 def test_a_crashed_server_is_restarted_and_the_sample_retried(env: dict[str, Any], demo_tokenizer: Any) -> None:

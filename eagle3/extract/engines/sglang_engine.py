@@ -3,7 +3,8 @@
 For each sample (at most `extract.window` in flight; 1 = the case study's synchronous loop):
 
   1. write `<dump_dir>/<rid>.req.json` (sample id, layers, loss mask, store dtype: /generate cannot carry them),
-  2. POST /generate {input_ids, rid, sampling_params: {max_new_tokens: 0}} (prefill only),
+  2. POST /generate {input_ids, rid, cache_salt: rid, sampling_params: {max_new_tokens: 0}} (prefill only; the
+     salt keeps the request out of every other request's prefix-cache namespace, server.prefix_cache),
   3. check meta_info: prompt_tokens == len(input_ids), cached_tokens == 0 (a cached prefix is never
      computed, so never captured),
   4. wait for `<rid>.safetensors` (or the hook's `<rid>.error.json`), check its header, token ids and
@@ -220,7 +221,10 @@ class SGLangEngine:
             self.dump_dir,
             proto.RequestInfo(rid, sample.sample_id, n, self.info.aux_layers, list(sample.loss_mask), self.store_dtype),
         )
-        body = {"input_ids": list(sample.input_ids), "rid": rid, "sampling_params": {"max_new_tokens": 0}}
+        # cache_salt: a prefix-cache namespace of this attempt alone, so a server with the cache on computes every
+        # row of it (server.prefix_cache); a server without one ignores it
+        body = {"input_ids": list(sample.input_ids), "rid": rid, "cache_salt": rid,
+                "sampling_params": {"max_new_tokens": 0}}  # fmt: skip
         try:
             r = self._client().post(
                 f"{self.server.url}/generate", json=body, timeout=self.cfg.extract.request_timeout_s

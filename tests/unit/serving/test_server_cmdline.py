@@ -43,6 +43,14 @@ def test_the_command_has_the_model_the_capture_flags_and_no_radix_cache(tmp_path
     assert argv[-2:] == ["--cuda-graph-max-bs-prefill", "4"] and "--device" not in argv
 
 
+def test_server_prefix_cache_keeps_the_radix_cache_on_with_capture_and_without() -> None:
+    for layers in (LAYERS, None):
+        argv = build_command(ServerConfig(engine="sglang", prefix_cache=True), Path("m"), layers, port=1, device="cuda")
+        assert "--disable-radix-cache" not in argv and "--skip-tokenizer-init" in argv
+    argv = build_command(ServerConfig(engine="sglang", prefix_cache=True), Path("m"), LAYERS, port=1, device="cuda")
+    assert "--enable-return-aux-hidden-states" in argv  # capture as without the cache: extraction requests are salted
+
+
 def test_cpu_adds_the_cpu_engine_and_the_stub_libcuda() -> None:
     cfg = ServerConfig(engine="sglang", device="cpu", python=".venv-sglang/bin/python")
     argv = build_command(cfg, Path("m"), LAYERS, port=1, device="cpu")
