@@ -563,7 +563,8 @@ def _generate(
         for server in servers:
             server.start()  # a no-op for a server that runs (a pipeline run's, already used)
         stops = stop_token_ids_of(model_dir, chat)
-        with GenerationClient(servers, cfg.synthesize, stop_ids=stops, run_id=run_id_of(Path(cfg.run_dir))) as client:
+        run_id, affinity = run_id_of(Path(cfg.run_dir)), cfg.server.prefix_cache  # turns where their prefix is cached
+        with GenerationClient(servers, cfg.synthesize, stop_ids=stops, run_id=run_id, affinity=affinity) as client:
             jobs = [j for shard in todo for j in shard]
             regenerate_served(client, chat, jobs, cfg.synthesize.concurrency, counter, on_done, on_failed)
         return client.prompt_tokens, client.cached_tokens

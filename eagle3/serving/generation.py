@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,6 +71,12 @@ def make_generation_rid(run_id: str, sample_id: str, turn: int, attempt: int = 0
     return safe_name(f"{RID_PREFIX}{run}-{sample_id}-t{turn}")
 
 
+def home_server(sample_id: str, servers: int) -> int:
+    """The server a conversation's turns go to with affinity: a stable hash of its sample id (the same after a
+    resume or in another process), so conversations spread over the servers with no table to keep."""
+    return zlib.crc32(sample_id.encode()) % servers
+
+
 class GenerationClient:
     def __init__(
         self,
@@ -79,7 +86,11 @@ class GenerationClient:
         stop_ids: list[int],
         run_id: str,
         retry_delay_s: float = 1.0,
+        affinity: bool = False,
     ):
+        """affinity: send every turn of a conversation to one server (its home_server), where the turns before it
+        are in the prefix cache (server.prefix_cache); a resend goes to the least busy server. False: every request
+        goes to the least busy server."""
         if not servers:
             raise ValueError("GenerationClient needs at least one server")
         self.servers = list(servers)
@@ -87,6 +98,7 @@ class GenerationClient:
         self.stop_ids = stop_ids
         self.run_id = run_id
         self.retry_delay_s = retry_delay_s
+        self.affinity = affinity and len(servers) > 1
         self.resent = 0  # attempts sent again
         self.prompt_tokens = 0  # prompt tokens of the answered requests
         self.cached_tokens = 0  # ... that the servers' prefix cache served (server.prefix_cache)
@@ -131,7 +143,7 @@ class GenerationClient:
                 with self._lock:
                     self.resent += 1
                 time.sleep(min(30.0, self.retry_delay_s * 2.0 ** (attempt - 1)))
-            index = self._checkout()
+            index = self._checkout(home_server(sample_id, len(self.servers)) if self.affinity and not attempt else None)
             generation = self._generation[index]
             try:
                 out = self._attempt(self.servers[index], rid, input_ids, self.sampling_params(temperature, seed))
@@ -150,9 +162,9 @@ class GenerationClient:
         raise GenerationFailed(f"gave up after {retries + 1} attempts (synthesize.request_retries); last: {last}")
 
     # one attempt ---------------------------------------------------------------------------------------
-    def _checkout(self) -> int:
+    def _checkout(self, home: int | None = None) -> int:
         with self._lock:
-            index = min(range(len(self.servers)), key=lambda i: self._in_flight[i])
+            index = home if home is not None else min(range(len(self.servers)), key=lambda i: self._in_flight[i])
             self._in_flight[index] += 1
             return index
 
