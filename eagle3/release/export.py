@@ -56,7 +56,7 @@ from eagle3.store.fsio import atomic_write_bytes, atomic_write_json, fsync_dir, 
 from eagle3.store.paths import EXPORT_FILE, FIRST_METHOD, RunPaths
 from eagle3.store.run_store import RunInfo, RunStore, now, read_record
 from eagle3.target.families import RESIDUAL, TAPS, block_drafter_problem
-from eagle3.target.files import ModelError, model_fingerprint, read_model_facts, sha256_file
+from eagle3.target.files import ModelError, model_facts, model_fingerprint, sha256_file
 
 EXPORT_FORMAT = "eagle3-export/1"
 SPECULATORS_DIR = "speculators"
@@ -237,7 +237,7 @@ def export_draft(
     counter = ProgressCounter("export", total=3, report=progress, every_s=0.0)  # load+check, SGLang dir, speculators
     info = RunStore(run_dir).require_run_info("export needs the store the draft was trained on")
     target_cfg = read_json(model_dir / "config.json")
-    _check_same_target(info, run_dir, model_dir)
+    _check_same_target(info, target_cfg, run_dir, model_dir)
     try:
         method, draft_layers = checkpoint_method(ckpt)
     except CheckpointError as e:
@@ -349,9 +349,9 @@ def _check_served_tap(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, 
         )
 
 
-def _check_same_target(info: RunInfo, run_dir: Path, model_dir: Path) -> None:
+def _check_same_target(info: RunInfo, target_cfg: dict[str, Any], run_dir: Path, model_dir: Path) -> None:
     try:
-        t = read_model_facts(model_dir)
+        t = model_facts(target_cfg, model_dir / "config.json")
     except ModelError as e:
         raise ExportError(str(e)) from None
     if (t.hidden_size, t.vocab_size, t.num_layers) != (info.hidden_size, info.vocab_size, info.num_layers):

@@ -108,8 +108,11 @@ def layer_count(cfg: dict[str, Any], text: dict[str, Any]) -> int:
 
 
 def read_model_facts(model_dir: Path) -> ModelFacts:
-    cfg_path = model_dir / "config.json"
-    cfg = read_target_config(model_dir)
+    return model_facts(read_target_config(model_dir), model_dir / "config.json")
+
+
+def model_facts(cfg: dict[str, Any], cfg_path: Path) -> ModelFacts:
+    """The facts of a config.json already read (`cfg_path` names it in the error for a missing key)."""
     text = text_config(cfg)
     try:
         return ModelFacts(
